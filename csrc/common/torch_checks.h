@@ -1,0 +1,35 @@
+// Argument checks shared by the torch-facing launchers. Messages name the
+// argument and what was expected (DESIGN.md §4).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace specdec {
+
+inline void check_rank(const at::Tensor& t, int64_t rank, const char* name, const char* shape) {
+  TORCH_CHECK(t.dim() == rank, name, " must be ", rank, "-D ", shape, ", got shape ", t.sizes());
+}
+
+inline void check_size(const at::Tensor& t, int64_t dim, int64_t expected, const char* name, const char* shape) {
+  TORCH_CHECK(t.size(dim) == expected, name, " must have shape ", shape, " (size ", expected, " at dim ", dim,
+              "), got ", t.sizes());
+}
+
+inline void check_index_dtype(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name,
+              " must be int32 or int64, got ", t.scalar_type());
+}
+
+inline void check_prob_dtype(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
+              name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+}
+
+inline void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
+  TORCH_CHECK(t.device() == ref.device(), name, " must be on the same device as ", ref_name, " (", ref.device(),
+              "), got ", t.device());
+}
+
+}  // namespace specdec

@@ -1,0 +1,111 @@
+// C++ CPU kernel of chain rejection sampling: parallel over requests, the same
+// arithmetic (sampling_math.h) and random numbers (philox.h) as the CUDA kernel.
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include "rejection_params.h"
+#include "sampling_math.h"
+
+namespace specdec {
+namespace {
+
+template <typename T>
+float load(const void* base, int64_t row, int64_t vocab, int64_t i) {
+  return static_cast<float>(static_cast<const T*>(base)[row * vocab + i]);
+}
+
+// argmax over one row of p (first index on ties): greedy verification.
+template <typename T>
+int64_t row_argmax(const void* probs, int64_t row, int64_t vocab) {
+  ArgMax best = argmax_init();
+  for (int64_t i = 0; i < vocab; ++i) argmax_update(best, prob_mass(load<T>(probs, row, vocab, i)), i);
+  return best.index;
+}
+
+// Exponential race over a row: with `draft` (residual mode) the mass is
+// max(p - q, 0) (one-hot q when q_row < 0) and falls back to p when the
+// residual is empty; without, it is p.
+template <typename T>
+int64_t row_race(const RejectionParams& p, int64_t p_row, int64_t q_row, int64_t draft,
+                 bool residual, uint64_t seed, uint64_t offset, uint32_t position) {
+  const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
+  ArgMax best_residual = argmax_init(), best_p = argmax_init();
+  Philox4 bits{};
+  for (int64_t i = 0; i < p.vocab; ++i) {
+    if ((i & 3) == 0) bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(i >> 2));
+    const float pi = load<T>(p.target_probs, p_row, p.vocab, i);
+    const float mass = prob_mass(pi);
+    const float noise = mass > 0.f ? exp_noise(bits.x[i & 3]) : 1.f;  // the residual has mass only where p has
+    argmax_update(best_p, race_score(mass, noise), i);
+    if (residual) {
+      const float qi = q_row >= 0 ? load<T>(p.draft_probs, q_row, p.vocab, i) : (i == draft ? 1.f : 0.f);
+      argmax_update(best_residual, race_score(residual_mass(pi, qi), noise), i);
+    }
+  }
+  return (residual && best_residual.score > 0.f) ? best_residual.index : best_p.index;
+}
+
+template <typename T>
+void sample_request(const RejectionParams& p, int64_t b) {
+  const RequestRows rows = request_rows(p, b);
+  const int64_t n = rows.num_drafts;
+  const bool greedy = p.greedy != nullptr && p.greedy[b];
+  const uint64_t seed = static_cast<uint64_t>(p.seeds[b]);
+  const uint64_t offset = static_cast<uint64_t>(p.offsets[b]);
+  int64_t* out = p.token_ids + b * (p.max_draft + 1);
+
+  int64_t k = 0;
+  int64_t final_token = -1;
+  for (; k < n; ++k) {
+    const int64_t x = p.draft_token_ids[rows.draft_base + k];
+    const int64_t p_row = rows.target_base + k;
+    bool accepted;
+    if (greedy) {
+      const int64_t best = row_argmax<T>(p.target_probs, p_row, p.vocab);
+      accepted = x == best;
+      if (!accepted) final_token = best;
+    } else if (!draft_in_vocab(x, p.vocab)) {
+      accepted = false;
+    } else {
+      const float u = philox_uniform(seed, offset, static_cast<uint32_t>(k), kPurposeAccept, 0);
+      const float q_x = p.draft_probs ? load<T>(p.draft_probs, rows.draft_base + k, p.vocab, x) : 1.f;
+      accepted = accept_draft(u, load<T>(p.target_probs, p_row, p.vocab, x), q_x);
+    }
+    if (!accepted) {
+      if (!greedy) {
+        const int64_t q_row = p.draft_probs ? rows.draft_base + k : -1;
+        final_token = row_race<T>(p, p_row, q_row, x, /*residual=*/true, seed, offset, static_cast<uint32_t>(k));
+      }
+      break;
+    }
+    out[k] = x;
+  }
+  if (k == n) {
+    const int64_t p_row = rows.target_base + n;
+    final_token = greedy ? row_argmax<T>(p.target_probs, p_row, p.vocab)
+                         : row_race<T>(p, p_row, -1, -1, /*residual=*/false, seed, offset, static_cast<uint32_t>(n));
+  }
+  out[k] = final_token;
+  for (int64_t j = k + 1; j <= p.max_draft; ++j) out[j] = -1;
+  p.num_accepted[b] = static_cast<int32_t>(k);
+}
+
+template <typename T>
+void sample_all(const RejectionParams& p) {
+  at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) sample_request<T>(p, b);
+  });
+}
+
+}  // namespace
+
+void rejection_sample_cpu(const RejectionParams& params) {
+  switch (params.dtype) {
+    case ProbDType::kFloat32: return sample_all<float>(params);
+    case ProbDType::kFloat16: return sample_all<c10::Half>(params);
+    case ProbDType::kBFloat16: return sample_all<c10::BFloat16>(params);
+  }
+}
+
+}  // namespace specdec

@@ -1,0 +1,202 @@
+// torch glue of specdec::rejection_sample and specdec::rejection_sample_packed:
+// argument checks, CPU value checks, and dispatch to the CPU or CUDA kernel.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "../common/torch_checks.h"
+#include "rejection_params.h"
+
+#ifdef SPECDEC_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+namespace specdec {
+cudaError_t launch_rejection_sample_cuda(const RejectionParams& params, cudaStream_t stream);
+}
+#endif
+
+namespace specdec {
+namespace {
+
+ProbDType prob_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return ProbDType::kFloat16;
+    case at::kBFloat16: return ProbDType::kBFloat16;
+    default: return ProbDType::kFloat32;
+  }
+}
+
+void check_common(const at::Tensor& target_probs, const std::optional<at::Tensor>& draft_probs,
+                  const at::Tensor& draft_token_ids, const at::Tensor& seeds, const at::Tensor& offsets,
+                  const std::optional<at::Tensor>& greedy, int64_t batch) {
+  check_prob_dtype(target_probs, "target_probs");
+  TORCH_CHECK(target_probs.size(-1) > 0, "target_probs must have a non-empty vocab dimension");
+  check_index_dtype(draft_token_ids, "draft_token_ids");
+  check_same_device(draft_token_ids, target_probs, "draft_token_ids", "target_probs");
+  for (auto [t, name] : {std::pair<const at::Tensor&, const char*>{seeds, "seeds"}, {offsets, "offsets"}}) {
+    check_rank(t, 1, name, "[B]");
+    check_size(t, 0, batch, name, "[B]");
+    TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+    check_same_device(t, target_probs, name, "target_probs");
+  }
+  if (draft_probs) {
+    TORCH_CHECK(draft_probs->scalar_type() == target_probs.scalar_type(), "draft_probs must have the dtype of ",
+                "target_probs (", target_probs.scalar_type(), "), got ", draft_probs->scalar_type());
+    check_same_device(*draft_probs, target_probs, "draft_probs", "target_probs");
+  }
+  if (greedy) {
+    check_rank(*greedy, 1, "greedy", "[B]");
+    check_size(*greedy, 0, batch, "greedy", "[B]");
+    TORCH_CHECK(greedy->scalar_type() == at::kBool, "greedy must be bool, got ", greedy->scalar_type());
+    check_same_device(*greedy, target_probs, "greedy", "target_probs");
+  }
+}
+
+// CPU only: index values the kernel would otherwise read out of range.
+void check_values_cpu(const RejectionParams& p, const char* lengths_name) {
+  for (int64_t b = 0; b < p.batch; ++b) {
+    int64_t base, n;
+    if (p.packed) {
+      const int64_t lo = p.lengths[b], hi = p.lengths[b + 1];
+      TORCH_CHECK_VALUE(b > 0 || lo == 0, lengths_name, "[0] must be 0, got ", lo);
+      TORCH_CHECK_VALUE(hi >= lo, lengths_name, " must be non-decreasing, got ", lengths_name, "[", b + 1, "] = ",
+                        hi, " < ", lengths_name, "[", b, "] = ", lo);
+      n = hi - lo;
+      base = lo;
+      TORCH_CHECK_VALUE(n <= p.max_draft, "request ", b, " has ", n,
+                        " draft tokens, more than max_num_draft_tokens = ", p.max_draft);
+    } else {
+      n = p.lengths[b];
+      base = b * p.max_draft;
+      TORCH_CHECK_VALUE(n >= 0 && n <= p.max_draft, lengths_name, "[", b, "] = ", n, " is outside [0, K = ",
+                        p.max_draft, "]");
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t x = p.draft_token_ids[base + k];
+      TORCH_CHECK_VALUE(x >= 0 && x < p.vocab, "draft_token_ids has id ", x, " (request ", b, ", draft ", k,
+                        ") outside the vocabulary [0, ", p.vocab, ")");
+    }
+  }
+  if (p.packed) {
+    TORCH_CHECK_VALUE(p.lengths[p.batch] == p.num_draft_rows, lengths_name, "[B] = ", p.lengths[p.batch],
+                      " must equal the number of draft tokens T = ", p.num_draft_rows);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& target_probs, const at::Tensor& draft_token_ids,
+                                       const at::Tensor& lengths, const std::optional<at::Tensor>& draft_probs,
+                                       const at::Tensor& seeds, const at::Tensor& offsets,
+                                       const std::optional<at::Tensor>& greedy, int64_t batch, int64_t max_draft,
+                                       bool packed, const char* lengths_name) {
+  const auto target = target_probs.contiguous();
+  const auto ids = draft_token_ids.contiguous().to(at::kLong);
+  const auto lens = lengths.contiguous().to(at::kLong);
+  const auto seeds_c = seeds.contiguous();
+  const auto offsets_c = offsets.contiguous();
+  at::Tensor draft;
+  if (draft_probs) draft = draft_probs->contiguous();
+  at::Tensor greedy_c;
+  if (greedy) greedy_c = greedy->contiguous();
+
+  auto token_ids = at::empty({batch, max_draft + 1}, target.options().dtype(at::kLong));
+  auto num_accepted = at::empty({batch}, target.options().dtype(at::kInt));
+  if (batch == 0) return {token_ids, num_accepted};
+
+  RejectionParams p;
+  p.target_probs = target.const_data_ptr();
+  p.draft_probs = draft.defined() ? draft.const_data_ptr() : nullptr;
+  p.draft_token_ids = ids.const_data_ptr<int64_t>();
+  p.lengths = lens.const_data_ptr<int64_t>();
+  p.seeds = seeds_c.const_data_ptr<int64_t>();
+  p.offsets = offsets_c.const_data_ptr<int64_t>();
+  p.greedy = greedy_c.defined() ? greedy_c.const_data_ptr<bool>() : nullptr;
+  p.batch = batch;
+  p.max_draft = max_draft;
+  p.vocab = target.size(-1);
+  p.num_draft_rows = ids.numel();
+  p.packed = packed;
+  p.dtype = prob_dtype(target);
+  p.token_ids = token_ids.mutable_data_ptr<int64_t>();
+  p.num_accepted = num_accepted.mutable_data_ptr<int32_t>();
+
+  if (target.is_cpu()) {
+    check_values_cpu(p, lengths_name);
+    rejection_sample_cpu(p);
+  } else {
+#ifdef SPECDEC_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(target.device());
+    C10_CUDA_CHECK(launch_rejection_sample_cuda(p, at::cuda::getCurrentCUDAStream()));
+#else
+    TORCH_CHECK(false, "specdec_ops was built without CUDA kernels");
+#endif
+  }
+  return {token_ids, num_accepted};
+}
+
+std::tuple<at::Tensor, at::Tensor> rejection_sample(const at::Tensor& target_probs, const at::Tensor& draft_token_ids,
+                                                    const at::Tensor& num_draft_tokens,
+                                                    const std::optional<at::Tensor>& draft_probs,
+                                                    const at::Tensor& seeds, const at::Tensor& offsets,
+                                                    const std::optional<at::Tensor>& greedy) {
+  check_rank(target_probs, 3, "target_probs", "[B, K+1, V]");
+  const int64_t batch = target_probs.size(0), max_draft = target_probs.size(1) - 1, vocab = target_probs.size(2);
+  TORCH_CHECK(max_draft >= 0, "target_probs must have K+1 >= 1 rows per request, got shape ", target_probs.sizes());
+  check_rank(draft_token_ids, 2, "draft_token_ids", "[B, K]");
+  TORCH_CHECK(draft_token_ids.size(0) == batch && draft_token_ids.size(1) == max_draft,
+              "draft_token_ids must have shape [B, K] = [", batch, ", ", max_draft, "], got ", draft_token_ids.sizes());
+  check_rank(num_draft_tokens, 1, "num_draft_tokens", "[B]");
+  check_size(num_draft_tokens, 0, batch, "num_draft_tokens", "[B]");
+  check_index_dtype(num_draft_tokens, "num_draft_tokens");
+  check_same_device(num_draft_tokens, target_probs, "num_draft_tokens", "target_probs");
+  if (draft_probs) {
+    check_rank(*draft_probs, 3, "draft_probs", "[B, K, V]");
+    TORCH_CHECK(draft_probs->size(0) == batch && draft_probs->size(1) == max_draft && draft_probs->size(2) == vocab,
+                "draft_probs must have shape [B, K, V] = [", batch, ", ", max_draft, ", ", vocab, "], got ",
+                draft_probs->sizes());
+  }
+  check_common(target_probs, draft_probs, draft_token_ids, seeds, offsets, greedy, batch);
+  return run(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy, batch, max_draft,
+             /*packed=*/false, "num_draft_tokens");
+}
+
+std::tuple<at::Tensor, at::Tensor> rejection_sample_packed(
+    const at::Tensor& target_probs, const at::Tensor& cu_num_draft_tokens, const at::Tensor& draft_token_ids,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& seeds, const at::Tensor& offsets,
+    const std::optional<at::Tensor>& greedy, int64_t max_num_draft_tokens) {
+  check_rank(target_probs, 2, "target_probs", "[T + B, V]");
+  check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]");
+  TORCH_CHECK(cu_num_draft_tokens.size(0) >= 1, "cu_num_draft_tokens must have shape [B + 1], got ",
+              cu_num_draft_tokens.sizes());
+  check_index_dtype(cu_num_draft_tokens, "cu_num_draft_tokens");
+  check_same_device(cu_num_draft_tokens, target_probs, "cu_num_draft_tokens", "target_probs");
+  const int64_t batch = cu_num_draft_tokens.size(0) - 1;
+  check_rank(draft_token_ids, 1, "draft_token_ids", "[T]");
+  const int64_t total = draft_token_ids.size(0);
+  TORCH_CHECK(target_probs.size(0) == total + batch, "target_probs must have T + B = ", total + batch,
+              " rows (T = ", total, " draft tokens, B = ", batch, " requests), got shape ", target_probs.sizes());
+  if (draft_probs) {
+    check_rank(*draft_probs, 2, "draft_probs", "[T, V]");
+    TORCH_CHECK(draft_probs->size(0) == total && draft_probs->size(1) == target_probs.size(1),
+                "draft_probs must have shape [T, V] = [", total, ", ", target_probs.size(1), "], got ",
+                draft_probs->sizes());
+  }
+  TORCH_CHECK(max_num_draft_tokens >= 0, "max_num_draft_tokens must be >= 0, got ", max_num_draft_tokens);
+  check_common(target_probs, draft_probs, draft_token_ids, seeds, offsets, greedy, batch);
+  return run(target_probs, draft_token_ids, cu_num_draft_tokens, draft_probs, seeds, offsets, greedy, batch,
+             max_num_draft_tokens, /*packed=*/true, "cu_num_draft_tokens");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("rejection_sample", &rejection_sample);
+  m.impl("rejection_sample_packed", &rejection_sample_packed);
+}
+
+#ifdef SPECDEC_WITH_CUDA
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+  m.impl("rejection_sample", &rejection_sample);
+  m.impl("rejection_sample_packed", &rejection_sample_packed);
+}
+#endif
+
+}  // namespace specdec

@@ -1,0 +1,62 @@
+// Raw-pointer description of one rejection_sample / rejection_sample_packed call,
+// shared by the CPU kernel and the CUDA kernel. No torch headers.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/macros.h"
+
+namespace specdec {
+
+enum class ProbDType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+struct RejectionParams {
+  const void* target_probs;        // rows of `vocab` entries
+  const void* draft_probs;         // rows of `vocab` entries, or nullptr (one-hot drafts)
+  const int64_t* draft_token_ids;  // [num_draft_rows]
+  const int64_t* lengths;          // padded: num_draft_tokens [B]; packed: cu_num_draft_tokens [B+1]
+  const int64_t* seeds;            // [B]
+  const int64_t* offsets;          // [B]
+  const bool* greedy;              // [B] or nullptr
+  int64_t batch;
+  int64_t max_draft;               // K: output width is K + 1
+  int64_t vocab;
+  int64_t num_draft_rows;          // padded: B * K; packed: T
+  bool packed;
+  ProbDType dtype;
+  int64_t* token_ids;              // out [B, K + 1]
+  int32_t* num_accepted;           // out [B]
+};
+
+// Where request b's rows live, with every index clamped into range so that a
+// malformed length or prefix sum on the GPU can never address outside the inputs.
+struct RequestRows {
+  int64_t target_base;  // row of p_0
+  int64_t draft_base;   // row of q_0 and index of draft token 0
+  int64_t num_drafts;   // n_b, clamped to [0, K]
+};
+
+SPECDEC_HD int64_t clamp_i64(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+SPECDEC_HD RequestRows request_rows(const RejectionParams& p, int64_t b) {
+  RequestRows r;
+  if (p.packed) {
+    const int64_t lo = clamp_i64(p.lengths[b], 0, p.num_draft_rows);
+    const int64_t hi = clamp_i64(p.lengths[b + 1], lo, p.num_draft_rows);
+    r.num_drafts = clamp_i64(hi - lo, 0, p.max_draft);
+    r.target_base = lo + b;
+    r.draft_base = lo;
+  } else {
+    r.num_drafts = clamp_i64(p.lengths[b], 0, p.max_draft);
+    r.target_base = b * (p.max_draft + 1);
+    r.draft_base = b * p.max_draft;
+  }
+  return r;
+}
+
+// Implemented in rejection_cpu.cpp and rejection_kernels.cu.
+void rejection_sample_cpu(const RejectionParams& params);
+
+}  // namespace specdec

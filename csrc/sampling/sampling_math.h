@@ -1,0 +1,67 @@
+// Arithmetic of rejection sampling shared by the CPU and CUDA kernels (and
+// re-expressed in specdec_ops/triton_kernels/rejection.py and tree.py).
+// Plain C++17: no torch headers, compiles under g++ and nvcc.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "../common/macros.h"
+#include "../common/philox.h"
+
+namespace specdec {
+
+// Probability mass of one entry: NaN and negative values count as zero.
+SPECDEC_HD float prob_mass(float p) { return p > 0.f ? p : 0.f; }
+
+// Acceptance test of a sampled draft token x: accept iff u * q(x) < p(x).
+// One-hot drafts pass q_x = 1.
+SPECDEC_HD bool accept_draft(float u, float p_x, float q_x) {
+  return u * prob_mass(q_x) < prob_mass(p_x);
+}
+
+// One entry of the unnormalized residual max(p - q, 0).
+SPECDEC_HD float residual_mass(float p, float q) {
+  const float d = prob_mass(p) - prob_mass(q);
+  return d > 0.f ? d : 0.f;
+}
+
+// Exponential race: token i wins with probability mass_i / sum(mass) when the
+// winner is argmax mass_i / E_i with E_i = -log(u_i) i.i.d. Exp(1). Callers draw
+// the noise only for entries with mass; zero mass scores 0.
+SPECDEC_HD float exp_noise(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return -logf(bits_to_uniform(bits));
+#else
+  return -std::log(bits_to_uniform(bits));
+#endif
+}
+
+SPECDEC_HD float race_score(float mass, float noise) { return mass > 0.f ? mass / noise : 0.f; }
+
+// Running argmax with the first index winning ties. The empty state scores -1,
+// below any real score, so a row without mass yields its first index.
+struct ArgMax {
+  float score;
+  int64_t index;
+};
+
+SPECDEC_HD ArgMax argmax_init() { return ArgMax{-1.f, INT64_MAX}; }
+
+SPECDEC_HD bool argmax_better(float score, int64_t index, const ArgMax& best) {
+  return score > best.score || (score == best.score && index < best.index);
+}
+
+SPECDEC_HD void argmax_update(ArgMax& best, float score, int64_t index) {
+  if (argmax_better(score, index, best)) best = ArgMax{score, index};
+}
+
+SPECDEC_HD ArgMax argmax_merge(const ArgMax& a, const ArgMax& b) {
+  return argmax_better(b.score, b.index, a) ? b : a;
+}
+
+// The draft token used in acceptance: an id outside [0, V) is always rejected
+// (GPU safe behaviour; the CPU op raises before reaching here).
+SPECDEC_HD bool draft_in_vocab(int64_t x, int64_t vocab) { return x >= 0 && x < vocab; }
+
+}  // namespace specdec

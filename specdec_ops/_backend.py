@@ -1,0 +1,81 @@
+"""Backend choice (DESIGN.md §4).
+
+backend=None picks the best available: the CUDA kernel (or Triton) for CUDA
+tensors, the C++ kernel for CPU tensors. "cuda", "triton", "cpu" and
+"reference" force one and raise BackendUnavailableError when it cannot run.
+"triton" accepts CPU tensors when TRITON_INTERPRET=1 was set before triton was
+imported (how the Triton kernels are tested without a GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from collections.abc import Sequence
+
+import torch
+
+from . import _ops
+from ._checks import BackendUnavailableError, SpecDecArgumentError
+
+BACKENDS = ("cuda", "triton", "cpu", "reference")
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _why_unavailable(backend: str, device: torch.device, op: str, native_op: str | None,
+                     triton_op: str | None) -> str | None:
+    if backend == "reference":
+        return None
+    if backend == "cpu":
+        if device.type != "cpu":
+            return f"backend='cpu' needs CPU tensors, got {device}"
+        if native_op is None or not _ops.has_kernel(native_op, "CPU"):
+            return f"{op} has no C++ CPU kernel in this build ({_ops.NATIVE_ERROR or 'not registered'})"
+        return None
+    if backend == "cuda":
+        if device.type != "cuda":
+            return f"backend='cuda' needs CUDA tensors, got {device}"
+        if native_op is None or not _ops.has_kernel(native_op, "CUDA"):
+            return (f"{op} has no CUDA kernel in this build (specdec_ops was built without CUDA, "
+                    "or the op has none): use backend='triton' or rebuild with a CUDA torch and nvcc")
+        return None
+    if backend == "triton":
+        if triton_op is None:
+            return f"{op} has no Triton kernel"
+        if not triton_available():
+            return "backend='triton' needs the triton package (pip install triton)"
+        if device.type == "cuda":
+            return None
+        if device.type == "cpu" and triton_interpreting():
+            return None
+        return (f"backend='triton' needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before "
+                f"triton is imported; got {device}")
+    raise SpecDecArgumentError(f"backend must be one of None, {', '.join(repr(b) for b in BACKENDS)}; got {backend!r}")
+
+
+def resolve_backend(backend: str | None, device: torch.device, op: str, *, native_op: str | None = None,
+                    triton_op: str | None = None) -> str:
+    """The backend to run `op` on for tensors on `device`.
+
+    native_op / triton_op name the specdec:: ops holding the C++/CUDA and the
+    Triton kernels (None when the op has no such kernel).
+    """
+    if backend is not None:
+        why = _why_unavailable(backend, device, op, native_op, triton_op)
+        if why is not None:
+            raise BackendUnavailableError(f"{op}: {why}")
+        return backend
+    order: Sequence[str] = ("cuda", "triton") if device.type == "cuda" else ("cpu",)
+    for candidate in order:
+        if _why_unavailable(candidate, device, op, native_op, triton_op) is None:
+            return candidate
+    return "reference"

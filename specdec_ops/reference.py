@@ -1,0 +1,147 @@
+"""Plain-PyTorch reference implementations: the ground truth that tests and
+benchmarks compare every backend with. Written for clarity, not speed: per
+request Python loops, whole-row tensor math.
+
+The random numbers follow the one Philox4x32-10 scheme of DESIGN.md §5.1
+(csrc/common/philox.h), computed here with int64 tensors holding uint32 values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .types import SampleOutput
+
+# Purposes (csrc/common/philox.h): part of the counter, they keep the streams apart.
+PURPOSE_ACCEPT = 0
+PURPOSE_RESIDUAL = 1
+PURPOSE_BONUS = 2
+
+_MASK32 = 0xFFFFFFFF
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+
+
+def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) 32-bit halves of the 64-bit product a * m, exactly, in int64 (16-bit limbs)."""
+    a_lo, a_hi = a & 0xFFFF, a >> 16
+    m_lo, m_hi = m & 0xFFFF, m >> 16
+    ll, hl, lh, hh = a_lo * m_lo, a_hi * m_lo, a_lo * m_hi, a_hi * m_hi
+    mid = (ll >> 16) + (hl & 0xFFFF) + (lh & 0xFFFF)
+    lo = ((mid & 0xFFFF) << 16) | (ll & 0xFFFF)
+    hi = (hh + (hl >> 16) + (lh >> 16) + (mid >> 16)) & _MASK32
+    return hi, lo
+
+
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on int64 tensors (or ints) holding uint32 values; returns 4 words."""
+    c0, c1, c2, c3, k0, k1 = (torch.as_tensor(v, dtype=torch.int64) for v in (c0, c1, c2, c3, k0, k1))
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(c0, _M0)
+        hi1, lo1 = _mulhilo(c2, _M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + _W0) & _MASK32, (k1 + _W1) & _MASK32
+    return c0, c1, c2, c3
+
+
+def philox_bits(seed: int, offset: int, position: int, purpose: int, index: torch.Tensor) -> torch.Tensor:
+    """The 32 random bits (int64 tensor) for each vocab index in `index`."""
+    seed &= (1 << 64) - 1
+    offset &= (1 << 64) - 1
+    index = torch.as_tensor(index, dtype=torch.int64)
+    words = philox4x32_10(index >> 2, position & _MASK32, offset & _MASK32,
+                          (((offset >> 32) << 8) | purpose) & _MASK32, seed & _MASK32, seed >> 32)
+    stacked = torch.stack(torch.broadcast_tensors(*words), dim=-1)
+    return torch.gather(stacked, -1, (index & 3).unsqueeze(-1)).squeeze(-1)
+
+
+def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """float32 uniform strictly inside (0, 1): (2k + 1) / 2^24, k the top 23 bits."""
+    return (((bits >> 9) << 1) | 1).to(torch.float32) * 2.0**-24
+
+
+def philox_uniform(seed: int, offset: int, position: int, purpose: int, index) -> torch.Tensor:
+    return bits_to_uniform(philox_bits(seed, offset, position, purpose, torch.as_tensor(index)))
+
+
+def prob_mass(p: torch.Tensor) -> torch.Tensor:
+    """Probabilities as float32 mass: NaN and negative entries count as zero."""
+    p = p.float()
+    return torch.where(p > 0, p, torch.zeros((), dtype=torch.float32))
+
+
+def race_sample(mass: torch.Tensor, seed: int, offset: int, position: int, purpose: int) -> int:
+    """Exponential race over an unnormalized row: argmax mass_i / E_i, E_i = -log(u_i) (first index on ties)."""
+    idx = torch.arange(mass.shape[-1])
+    noise = -torch.log(philox_uniform(seed, offset, position, purpose, idx))
+    score = torch.where(mass > 0, mass / noise, torch.zeros((), dtype=torch.float32))
+    return int(torch.argmax(score))
+
+
+def _chain_one(p_rows, q_rows, drafts, n, greedy, seed, offset):
+    """Tokens emitted for one request: accepted drafts, then the correction or bonus token."""
+    vocab = p_rows.shape[-1]
+    out = []
+    for k in range(n):
+        x = int(drafts[k])
+        p = prob_mass(p_rows[k])
+        if greedy:
+            best = int(torch.argmax(p))
+            if x != best:
+                return out + [best]
+            out.append(x)
+            continue
+        q = prob_mass(q_rows[k]) if q_rows is not None else None
+        in_vocab = 0 <= x < vocab
+        if in_vocab:
+            u = philox_uniform(seed, offset, k, PURPOSE_ACCEPT, 0)
+            q_x = q[x] if q is not None else torch.tensor(1.0)
+            if bool(u * q_x < p[x]):
+                out.append(x)
+                continue
+        if q is None:
+            q = torch.zeros(vocab)
+            if in_vocab:
+                q[x] = 1.0
+        residual = torch.clamp(p - q, min=0.0)
+        if bool((residual > 0).any()):
+            return out + [race_sample(residual, seed, offset, k, PURPOSE_RESIDUAL)]
+        return out + [race_sample(p, seed, offset, k, PURPOSE_RESIDUAL)]
+    p = prob_mass(p_rows[n])
+    return out + [int(torch.argmax(p)) if greedy else race_sample(p, seed, offset, n, PURPOSE_BONUS)]
+
+
+def _pack_output(per_request: list[list[int]], width: int, device) -> SampleOutput:
+    token_ids = torch.full((len(per_request), width), -1, dtype=torch.int64)
+    num_accepted = torch.zeros(len(per_request), dtype=torch.int32)
+    for b, toks in enumerate(per_request):
+        token_ids[b, : len(toks)] = torch.tensor(toks, dtype=torch.int64)
+        num_accepted[b] = len(toks) - 1
+    return SampleOutput(token_ids.to(device), num_accepted.to(device))
+
+
+def rejection_sample(target_probs, draft_token_ids, num_draft_tokens, draft_probs=None, *, seeds, offsets,
+                     greedy=None) -> SampleOutput:
+    """Chain rejection sampling, padded layout (DESIGN.md §5.2)."""
+    batch, k_plus_1, _ = target_probs.shape
+    results = []
+    for b in range(batch):
+        results.append(_chain_one(
+            target_probs[b].cpu(), None if draft_probs is None else draft_probs[b].cpu(),
+            draft_token_ids[b].cpu(), int(num_draft_tokens[b]), greedy is not None and bool(greedy[b]),
+            int(seeds[b]), int(offsets[b])))
+    return _pack_output(results, k_plus_1, target_probs.device)
+
+
+def rejection_sample_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs=None, *, seeds,
+                            offsets, greedy=None, max_num_draft_tokens: int) -> SampleOutput:
+    """Chain rejection sampling, packed layout: request b owns target rows cu[b] + b .. cu[b+1] + b."""
+    cu = [int(c) for c in cu_num_draft_tokens]
+    results = []
+    for b in range(len(cu) - 1):
+        lo, hi = cu[b], cu[b + 1]
+        results.append(_chain_one(
+            target_probs[lo + b: hi + b + 1].cpu(), None if draft_probs is None else draft_probs[lo:hi].cpu(),
+            draft_token_ids[lo:hi].cpu(), hi - lo, greedy is not None and bool(greedy[b]),
+            int(seeds[b]), int(offsets[b])))
+    return _pack_output(results, max_num_draft_tokens + 1, target_probs.device)

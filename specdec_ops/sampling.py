@@ -1,0 +1,295 @@
+"""Batched chain rejection sampling with residual normalization (DESIGN.md §5.2).
+
+Public functions: :func:`rejection_sample` (padded ``[B, K+1, V]``) and
+:func:`rejection_sample_packed` (ragged ``[T + B, V]``). Fake impls for
+torch.compile and the Triton launchers live here too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _ops, reference
+from ._backend import resolve_backend, triton_interpreting
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_greedy, check_rank, check_shape,
+                      fail, first_bad, rng_inputs)
+from .types import SampleOutput
+
+__all__ = ["rejection_sample", "rejection_sample_packed"]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def _check_probs(target_probs, draft_probs, draft_shape):
+    check_dtype(target_probs, PROB_DTYPES, "target_probs")
+    if target_probs.shape[-1] == 0:
+        fail("target_probs must have a non-empty vocab dimension V")
+    if draft_probs is not None:
+        check_shape(draft_probs, draft_shape, "draft_probs", "[B, K, V]" if len(draft_shape) == 3 else "[T, V]")
+        if draft_probs.dtype != target_probs.dtype:
+            fail(f"draft_probs must have the dtype of target_probs ({target_probs.dtype}), got {draft_probs.dtype}")
+        check_device(draft_probs, target_probs.device, "draft_probs", "target_probs")
+
+
+def _check_draft_values(draft_token_ids, used, vocab):
+    bad = first_bad(used & ((draft_token_ids < 0) | (draft_token_ids >= vocab)))
+    if bad is not None:
+        fail(f"draft_token_ids{list(bad)} = {int(draft_token_ids[bad])} is outside the vocabulary [0, {vocab})")
+
+
+def _values_checked_here(device: torch.device, backend: str) -> bool:
+    # The C++ CPU kernel checks values itself (also under torch.compile); the
+    # reference and Triton backends get the same checks from Python, on CPU only.
+    return device.type == "cpu" and backend in ("reference", "triton") and not torch.compiler.is_compiling()
+
+
+# ---------------------------------------------------------------------------------------------- padded
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    greedy: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> SampleOutput:
+    """Verify chain drafts losslessly (speculative sampling with residual normalization).
+
+    For request b and k = 0 .. n_b - 1 with x = draft k: accept iff
+    ``u_k * q_k(x) < p_k(x)`` (q = 1 at x without ``draft_probs``; greedy: iff x is
+    the argmax of p_k, first index on ties). At the first rejection emit a token
+    drawn from ``max(p_k - q_k, 0)`` normalized (one-hot: p_k without x; greedy:
+    argmax p_k) by an exponential race over the unnormalized residual, and stop;
+    if the residual has no mass draw from p_k. If all n_b drafts are accepted,
+    emit the bonus token drawn from p_{n_b}. NaN or negative probabilities count
+    as zero mass; a row without any mass emits token 0.
+
+    Parameters
+    ----------
+    target_probs : float32 | float16 | bfloat16 [B, K+1, V]
+        Row k is the target distribution p at draft position k; row n_b is the bonus row.
+    draft_token_ids : int32 | int64 [B, K]
+    num_draft_tokens : int32 | int64 [B]
+        n_b in 0..K: request b uses draft slots 0..n_b-1 and rows 0..n_b.
+    draft_probs : [B, K, V] of target_probs' dtype, optional
+        q at each draft position; None means one-hot drafts (n-gram, greedy drafters).
+    seeds, offsets : int64 [B], optional
+        Random numbers are a pure function of (seeds[b], offsets[b], position,
+        purpose, vocab index) (Philox4x32-10, identical on every backend).
+        seeds=None draws one per request from torch's default generator;
+        offsets=None means 0. Advance offsets by 1 per step for fresh numbers.
+        Tensors, not ints, so a CUDA graph can replay with new values.
+    greedy : bool [B], optional
+        True: argmax verification for that request.
+    backend : None | "cuda" | "triton" | "cpu" | "reference"
+
+    Returns
+    -------
+    SampleOutput(token_ids int64 [B, K+1], num_accepted int32 [B])
+        token_ids holds the accepted drafts, then the correction or bonus token,
+        then -1. Request b emits num_accepted[b] + 1 tokens.
+
+    On CPU, ids out of [0, V) in used slots and n_b outside [0, K] raise
+    ValueError. On the GPU (no host sync) an out-of-range draft id is rejected
+    and n_b is clamped into [0, K].
+
+    Example
+    -------
+    >>> p = torch.softmax(torch.randn(2, 4, 100), -1)
+    >>> out = rejection_sample(p, torch.randint(0, 100, (2, 3)), torch.tensor([3, 1]))
+    >>> out.token_ids.shape
+    torch.Size([2, 4])
+    """
+    check_rank(target_probs, 3, "target_probs", "[B, K+1, V]")
+    batch, k_plus_1, vocab = target_probs.shape
+    if k_plus_1 < 1:
+        fail(f"target_probs must have K+1 >= 1 rows per request, got shape {list(target_probs.shape)}")
+    device = target_probs.device
+    max_draft = k_plus_1 - 1
+    check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
+    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
+    check_device(draft_token_ids, device, "draft_token_ids", "target_probs")
+    check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
+    check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
+    check_device(num_draft_tokens, device, "num_draft_tokens", "target_probs")
+    _check_probs(target_probs, draft_probs, (batch, max_draft, vocab))
+    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
+    greedy = check_greedy(greedy, batch, device, "target_probs")
+    backend = resolve_backend(backend, device, "rejection_sample", native_op="rejection_sample",
+                              triton_op="rejection_sample_triton")
+
+    if _values_checked_here(device, backend):
+        bad = first_bad((num_draft_tokens < 0) | (num_draft_tokens > max_draft))
+        if bad is not None:
+            fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft_tokens[bad])} is outside [0, K = {max_draft}]")
+        used = torch.arange(max_draft) < num_draft_tokens[:, None]
+        _check_draft_values(draft_token_ids, used, vocab)
+
+    if backend == "reference":
+        return reference.rejection_sample(target_probs, draft_token_ids, num_draft_tokens, draft_probs,
+                                          seeds=seeds, offsets=offsets, greedy=greedy)
+    op = torch.ops.specdec.rejection_sample if backend in ("cpu", "cuda") else torch.ops.specdec.rejection_sample_triton
+    token_ids, num_accepted = op.default(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds,
+                                         offsets, greedy)
+    return SampleOutput(token_ids, num_accepted)
+
+
+# ---------------------------------------------------------------------------------------------- packed
+
+
+def rejection_sample_packed(
+    target_probs: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    greedy: torch.Tensor | None = None,
+    max_num_draft_tokens: int | None = None,
+    backend: str | None = None,
+) -> SampleOutput:
+    """:func:`rejection_sample` over a ragged (packed) batch, as engines lay it out.
+
+    Parameters
+    ----------
+    target_probs : float32 | float16 | bfloat16 [T + B, V]
+        Request b owns rows ``cu[b] + b .. cu[b+1] + b``: its n_b draft rows, then its bonus row.
+    cu_num_draft_tokens : int32 | int64 [B + 1]
+        Exclusive prefix sums of n_b, starting at 0 and ending at T.
+    draft_token_ids : int32 | int64 [T]
+    draft_probs : [T, V] of target_probs' dtype, optional
+    seeds, offsets, greedy, backend : as in :func:`rejection_sample`.
+    max_num_draft_tokens : int, optional
+        K, the output width minus one. Give it to keep the output shape fixed
+        (CUDA graphs) and avoid reading the largest n_b on the host.
+
+    Returns
+    -------
+    SampleOutput(token_ids int64 [B, K+1], num_accepted int32 [B]), -1 padded.
+    Identical to :func:`rejection_sample` on the same requests and seeds.
+    """
+    check_rank(target_probs, 2, "target_probs", "[T + B, V]")
+    check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]")
+    if cu_num_draft_tokens.shape[0] < 1:
+        fail("cu_num_draft_tokens must have shape [B + 1] with B >= 0, got shape [0]")
+    check_dtype(cu_num_draft_tokens, INDEX_DTYPES, "cu_num_draft_tokens")
+    device = target_probs.device
+    check_device(cu_num_draft_tokens, device, "cu_num_draft_tokens", "target_probs")
+    batch = cu_num_draft_tokens.shape[0] - 1
+    check_rank(draft_token_ids, 1, "draft_token_ids", "[T]")
+    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
+    check_device(draft_token_ids, device, "draft_token_ids", "target_probs")
+    total, vocab = draft_token_ids.shape[0], target_probs.shape[1]
+    if target_probs.shape[0] != total + batch:
+        fail(f"target_probs must have T + B = {total + batch} rows (T = {total} draft tokens, B = {batch} "
+             f"requests), got shape {list(target_probs.shape)}")
+    _check_probs(target_probs, draft_probs, (total, vocab))
+    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
+    greedy = check_greedy(greedy, batch, device, "target_probs")
+    if max_num_draft_tokens is None:
+        # Reads the largest n_b on the host: pass max_num_draft_tokens to avoid the sync.
+        max_num_draft_tokens = int((cu_num_draft_tokens[1:] - cu_num_draft_tokens[:-1]).max()) if batch else 0
+    elif not isinstance(max_num_draft_tokens, int) or max_num_draft_tokens < 0:
+        fail(f"max_num_draft_tokens must be a non-negative int, got {max_num_draft_tokens!r}")
+    backend = resolve_backend(backend, device, "rejection_sample_packed", native_op="rejection_sample_packed",
+                              triton_op="rejection_sample_packed_triton")
+
+    if _values_checked_here(device, backend):
+        cu = cu_num_draft_tokens
+        if batch >= 0 and int(cu[0]) != 0:
+            fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
+        bad = first_bad(cu[1:] < cu[:-1])
+        if bad is not None:
+            fail(f"cu_num_draft_tokens must be non-decreasing: element {bad[0] + 1} = {int(cu[bad[0] + 1])} "
+                 f"< {int(cu[bad[0]])}")
+        if int(cu[-1]) != total:
+            fail(f"cu_num_draft_tokens[B] = {int(cu[-1])} must equal the number of draft tokens T = {total}")
+        bad = first_bad(cu[1:] - cu[:-1] > max_num_draft_tokens)
+        if bad is not None:
+            fail(f"request {bad[0]} has {int(cu[bad[0] + 1] - cu[bad[0]])} draft tokens, more than "
+                 f"max_num_draft_tokens = {max_num_draft_tokens}")
+        _check_draft_values(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
+
+    if backend == "reference":
+        return reference.rejection_sample_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                                                 seeds=seeds, offsets=offsets, greedy=greedy,
+                                                 max_num_draft_tokens=max_num_draft_tokens)
+    op = (torch.ops.specdec.rejection_sample_packed if backend in ("cpu", "cuda")
+          else torch.ops.specdec.rejection_sample_packed_triton)
+    token_ids, num_accepted = op.default(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds,
+                                         offsets, greedy, max_num_draft_tokens)
+    return SampleOutput(token_ids, num_accepted)
+
+
+# ---------------------------------------------------------------------------------------------- fakes
+
+
+def _fake_outputs(target_probs, batch, max_draft):
+    return (target_probs.new_empty((batch, max_draft + 1), dtype=torch.int64),
+            target_probs.new_empty((batch,), dtype=torch.int32))
+
+
+def _fake_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy):
+    torch._check(target_probs.dim() == 3, lambda: "target_probs must be 3-D [B, K+1, V]")
+    return _fake_outputs(target_probs, target_probs.shape[0], target_probs.shape[1] - 1)
+
+
+def _fake_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds, offsets, greedy,
+                 max_num_draft_tokens):
+    torch._check(target_probs.dim() == 2, lambda: "target_probs must be 2-D [T + B, V]")
+    return _fake_outputs(target_probs, cu_num_draft_tokens.shape[0] - 1, max_num_draft_tokens)
+
+
+# ---------------------------------------------------------------------------------------------- triton
+
+
+def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, offsets, greedy, batch, max_draft,
+                   packed):
+    from .triton_kernels.rejection import rejection_sample_kernel
+
+    token_ids, num_accepted = _fake_outputs(target_probs, batch, max_draft)
+    if batch == 0:
+        return token_ids, num_accepted
+    target = target_probs.contiguous()
+    ids = draft_token_ids.contiguous().to(torch.int64)
+    vocab = target.shape[-1]
+    block = min(_next_pow2(vocab), 8192 if triton_interpreting() else 1024)
+    rejection_sample_kernel[(batch,)](
+        target, target if draft_probs is None else draft_probs.contiguous(), ids,
+        lengths.contiguous().to(torch.int64), seeds.contiguous(), offsets.contiguous(),
+        seeds if greedy is None else greedy.contiguous(), token_ids, num_accepted,
+        vocab, max_draft, ids.numel(),
+        PACKED=packed, HAS_DRAFT_PROBS=draft_probs is not None, HAS_GREEDY=greedy is not None,
+        BLOCK_K=_next_pow2(max_draft + 1), BLOCK=block,
+    )
+    return token_ids, num_accepted
+
+
+def _triton_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy):
+    return _launch_triton(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
+                          target_probs.shape[0], target_probs.shape[1] - 1, packed=False)
+
+
+def _triton_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds, offsets, greedy,
+                   max_num_draft_tokens):
+    return _launch_triton(target_probs, draft_token_ids, cu_num_draft_tokens, draft_probs, seeds, offsets, greedy,
+                          cu_num_draft_tokens.shape[0] - 1, max_num_draft_tokens, packed=True)
+
+
+if _ops.native_loaded():
+    torch.library.register_fake("specdec::rejection_sample")(_fake_padded)
+    torch.library.register_fake("specdec::rejection_sample_triton")(_fake_padded)
+    torch.library.register_fake("specdec::rejection_sample_packed")(_fake_packed)
+    torch.library.register_fake("specdec::rejection_sample_packed_triton")(_fake_packed)
+    torch.library.impl("specdec::rejection_sample_triton", ("CPU", "CUDA"))(_triton_padded)
+    torch.library.impl("specdec::rejection_sample_packed_triton", ("CPU", "CUDA"))(_triton_packed)

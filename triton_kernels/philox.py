@@ -1,0 +1,65 @@
+"""Philox4x32-10 and the specdec_ops random-number scheme (csrc/common/philox.h) in Triton.
+
+counter = (vocab_index // 4, position, lo32(offset), (hi32(offset) << 8) | purpose),
+key = (lo32(seed), hi32(seed)); word vocab_index % 4 of the block.
+"""
+
+import triton
+import triton.language as tl
+
+PURPOSE_ACCEPT: tl.constexpr = 0
+PURPOSE_RESIDUAL: tl.constexpr = 1
+PURPOSE_BONUS: tl.constexpr = 2
+
+_M0: tl.constexpr = 0xD2511F53
+_M1: tl.constexpr = 0xCD9E8D57
+_W0: tl.constexpr = 0x9E3779B9
+_W1: tl.constexpr = 0xBB67AE85
+
+
+@triton.jit
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """All arguments uint32 (tensors or scalars); returns the four output words."""
+    for _ in tl.static_range(10):
+        prev_c0 = c0
+        prev_c2 = c2
+        c0 = tl.umulhi(prev_c2, _M1) ^ c1 ^ k0
+        c2 = tl.umulhi(prev_c0, _M0) ^ c3 ^ k1
+        c1 = prev_c2 * _M1
+        c3 = prev_c0 * _M0
+        k0 = k0 + _W0
+        k1 = k1 + _W1
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def philox_bits(seed, offset, position, purpose, index):
+    """32 random bits (uint32) for (seed, offset, position, purpose, index).
+
+    seed, offset: int64 scalars; purpose: int scalar; position: int scalar or
+    tensor; index: int64 tensor (its shape is the result's).
+    """
+    seed = seed.to(tl.uint64, bitcast=True)
+    offset = offset.to(tl.uint64, bitcast=True)
+    index = index.to(tl.uint64, bitcast=True)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = (seed >> 32).to(tl.uint32)
+    c0 = (index >> 2).to(tl.uint32)
+    zero = tl.zeros_like(c0)
+    c1 = ((zero.to(tl.int64) + position).to(tl.uint64, bitcast=True) & 0xFFFFFFFF).to(tl.uint32)
+    c2 = (offset & 0xFFFFFFFF).to(tl.uint32) + zero
+    c3 = ((((offset >> 32) << 8) & 0xFFFFFFFF).to(tl.uint32) + zero) | (zero.to(tl.int32) + purpose).to(tl.uint32)
+    r0, r1, r2, r3 = philox4x32_10(c0, c1, c2, c3, k0, k1)
+    word = (index & 3).to(tl.uint32)
+    return tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
+
+
+@triton.jit
+def bits_to_uniform(bits):
+    """float32 strictly inside (0, 1): (2k + 1) / 2^24 with k the top 23 bits."""
+    return (((bits >> 9) << 1) | 1).to(tl.float32) * 5.9604644775390625e-08
+
+
+@triton.jit
+def exp_noise(bits):
+    return -tl.log(bits_to_uniform(bits))
