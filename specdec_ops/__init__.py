@@ -5,8 +5,22 @@ sampling, tree attention masks and tree attention, in-place KV commit. See
 DESIGN.md §5 for the contract and README.md for examples.
 """
 
-from . import _ops
-from ._backend import BACKENDS
+import importlib.util as _importlib_util
+import os as _os
+import sys as _sys
+
+try:  # installed: setup.py maps triton_kernels/ to specdec_ops.triton_kernels
+    from . import triton_kernels  # noqa: F401
+except ImportError:  # a source checkout on PYTHONPATH (build_ext --inplace): triton_kernels/ sits beside the package
+    _src = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))), "triton_kernels")
+    _spec = _importlib_util.spec_from_file_location(
+        __name__ + ".triton_kernels", _os.path.join(_src, "__init__.py"), submodule_search_locations=[_src])
+    triton_kernels = _importlib_util.module_from_spec(_spec)
+    _sys.modules[_spec.name] = triton_kernels
+    _spec.loader.exec_module(triton_kernels)
+
+from . import _ops  # noqa: E402
+from ._backend import BACKENDS  # noqa: E402
 from ._checks import BackendUnavailableError, SpecDecArgumentError
 from .sampling import rejection_sample, rejection_sample_packed
 from .types import SampleOutput

@@ -1,0 +1,131 @@
+"""Timing helpers shared by every benchmark in bench/.
+
+- `time_fn` times a callable on CPU (perf_counter) or CUDA (events on the
+  current stream), after warm-up, and returns the median in milliseconds.
+- `nvtx_range` marks a region for Nsight Systems; `profiled_region` brackets the
+  measured part with torch.cuda.profiler.start/stop, so
+  `nsys profile --capture-range=cudaProfilerApi python bench/bench_x.py --device cuda`
+  captures exactly the measured cases.
+- `Table` prints aligned rows and can write them as JSON (gpu_check.sh collects them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+# bench/ scripts run from a checkout: make `import specdec_ops` work without installing.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--quick", action="store_true", help="fewer cases and repeats (smoke run)")
+    parser.add_argument("--json", default=None, help="also write the rows as JSON to this path")
+    return parser
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_fn(fn: Callable[[], object], device: str, *, warmup: int = 3, repeat: int = 10,
+            min_time_s: float = 0.0) -> float:
+    """Median wall time of fn() in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    start_all = time.perf_counter()
+    while len(times) < repeat or time.perf_counter() - start_all < min_time_s:
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        if len(times) >= 10 * repeat:
+            break
+    return statistics.median(times)
+
+
+@contextlib.contextmanager
+def nvtx_range(name: str, device: str):
+    if device == "cuda":
+        torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            torch.cuda.nvtx.range_pop()
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def profiled_region(device: str):
+    """The region nsys captures with --capture-range=cudaProfilerApi."""
+    if device == "cuda":
+        torch.cuda.profiler.start()
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+    else:
+        yield
+
+
+# Peak DRAM bandwidth (GB/s) of devices we report against; others print no percentage.
+_PEAK_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100": 3350.0, "A100": 2039.0, "L40S": 864.0}
+
+
+def peak_bandwidth_gbps(device: str) -> float | None:
+    if device != "cuda":
+        return None
+    name = torch.cuda.get_device_name()
+    for key, peak in _PEAK_GBPS.items():
+        if key in name:
+            return peak
+    return None
+
+
+def gbps(num_bytes: float, ms: float) -> float:
+    return num_bytes / (ms * 1e-3) / 1e9
+
+
+class Table:
+    def __init__(self, columns: list[str]):
+        self.columns = columns
+        self.rows: list[dict] = []
+
+    def add(self, **row) -> None:
+        self.rows.append(row)
+        print("  ".join(f"{c}={self._fmt(row.get(c))}" for c in self.columns), flush=True)
+
+    @staticmethod
+    def _fmt(v) -> str:
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+        return str(v)
+
+    def write_json(self, path: str | None) -> None:
+        if path:
+            with open(path, "w") as f:
+                json.dump(self.rows, f, indent=1)
