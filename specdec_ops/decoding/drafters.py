@@ -1,0 +1,263 @@
+"""Drafters: prompt lookup (NGramDrafter) and a smaller HF model (ModelDrafter).
+
+A drafter has four methods the loop calls:
+  reset(batch, capacity, vocab_size)    before the first step
+  propose(batch, k, tree, sampling)     -> Draft (chain of <= k tokens, or a tree of <= `tree` nodes)
+  commit(accepted_path, num_accepted)   after verification (roll its own state back to the accepted path)
+  keep(rows)                            finished requests leave the batch
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _ops_or_fallback as ops
+from .cache import RaggedKVCache
+from .decoder import Draft, _device, _dtype, _vocab_size, chain_tree, forward_window
+from .sampling import sample_rows
+
+
+def _chain_draft(conts: list[list[int]], roots: torch.Tensor, device) -> Draft:
+    """A chain Draft from per-request continuations (ragged, possibly empty)."""
+    width = 1 + max((len(c) for c in conts), default=0)
+    tokens = torch.zeros(len(conts), width, dtype=torch.int64)
+    tokens[:, 0] = roots.cpu()
+    for b, c in enumerate(conts):
+        tokens[b, 1:1 + len(c)] = torch.tensor(c, dtype=torch.int64)
+    parents = (torch.arange(width) - 1).expand(len(conts), width).clone()
+    num_nodes = torch.tensor([1 + len(c) for c in conts], dtype=torch.int64)
+    parents[torch.arange(width)[None] >= num_nodes[:, None]] = -1
+    return Draft(tokens.to(device), parents.to(device), num_nodes.to(device), None, chain=True)
+
+
+class NGramDrafter:
+    """Prompt lookup: match the last n tokens (n = `n` down to 1) in the request's prompt and output so far and
+    propose what followed (k tokens; None = num_speculative_tokens). With a tree budget, several matches are
+    merged into a trie (longest n-gram first, most recent first)."""
+
+    vocab_size = None  # proposes only tokens it has seen in the request
+
+    def __init__(self, n: int = 3, k: int | None = None, max_matches: int = 16):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        if k is not None and (not isinstance(k, int) or k < 1):
+            raise ValueError(f"k must be None or an int >= 1, got {k!r}")
+        self.n, self.k, self.max_matches = n, k, max_matches
+
+    def reset(self, batch, capacity, vocab_size):
+        pass
+
+    def commit(self, accepted_path, num_accepted):
+        pass
+
+    def keep(self, rows):
+        pass
+
+    def propose(self, batch, k, tree, sampling) -> Draft:
+        k = self.k or k
+        caps = (batch.remaining() - 1).clamp(min=0).tolist()
+        matches = self._matches(batch.tokens, batch.lengths)           # per request: [(start of continuation)]
+        lengths = batch.lengths.tolist()
+        seqs = batch.tokens.cpu()
+        roots = seqs[torch.arange(len(lengths)), batch.lengths.cpu() - 1]
+        if tree is None:
+            conts = []
+            for b, found in enumerate(matches):
+                depth = min(k, caps[b])
+                conts.append(seqs[b, found[0]:min(found[0] + depth, lengths[b])].tolist() if found and depth else [])
+            return _chain_draft(conts, roots, batch.device)
+        return self._trie(matches, seqs, lengths, roots, k, tree, caps, batch.device)
+
+    def _matches(self, tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
+        """For each request the continuation starts of its matches, best first (longest n, most recent)."""
+        seqs, lengths = tokens.cpu(), lengths.cpu()
+        batch, width = seqs.shape
+        width = min(width, int(lengths.max()))
+        seqs = seqs[:, :width]
+        found: list[list[int]] = [[] for _ in range(batch)]
+        rows = torch.arange(batch)
+        for n in range(self.n, 0, -1):
+            if width <= n:
+                continue
+            suffix = torch.stack([seqs[rows, (lengths - n + i).clamp(min=0)] for i in range(n)], dim=1)
+            windows = seqs.unfold(1, n, 1)                               # [B, width - n + 1, n]
+            start = torch.arange(windows.shape[1])
+            ok = (windows == suffix[:, None, :]).all(-1) & (start[None] + n < lengths[:, None])
+            ok &= (lengths > n)[:, None]
+            hits = ok.nonzero()
+            if hits.numel() == 0:
+                continue
+            per_b: dict[int, list[int]] = {}
+            for b, i in hits.tolist():
+                per_b.setdefault(b, []).append(i + n)
+            for b, starts in per_b.items():
+                if len(found[b]) < self.max_matches:
+                    seen = set(found[b])
+                    found[b].extend(s for s in reversed(starts) if s not in seen)
+                    del found[b][self.max_matches:]
+        return found
+
+    def _trie(self, matches, seqs, lengths, roots, k, budget, caps, device) -> Draft:
+        trees = []
+        for b, found in enumerate(matches):
+            toks, pars, children = [int(roots[b])], [-1], [{}]
+            depth_cap = min(k, caps[b])
+            for s in found:
+                node = 0
+                for tok in seqs[b, s:min(s + depth_cap, lengths[b])].tolist():
+                    nxt = children[node].get(tok)
+                    if nxt is None:
+                        if len(toks) > budget:
+                            break
+                        nxt = len(toks)
+                        toks.append(tok)
+                        pars.append(node)
+                        children.append({})
+                        children[node][tok] = nxt
+                    node = nxt
+                if len(toks) > budget:
+                    break
+            trees.append((toks, pars))
+        width = max(len(t) for t, _ in trees)
+        tokens = torch.zeros(len(trees), width, dtype=torch.int64)
+        parents = torch.full((len(trees), width), -1, dtype=torch.int64)
+        for b, (t, p) in enumerate(trees):
+            tokens[b, :len(t)] = torch.tensor(t)
+            parents[b, :len(p)] = torch.tensor(p)
+        num_nodes = torch.tensor([len(t) for t, _ in trees], dtype=torch.int64)
+        return Draft(tokens.to(device), parents.to(device), num_nodes.to(device), None, chain=False)
+
+
+class ModelDrafter:
+    """Drafts with a smaller HF causal LM sharing the target's vocabulary, with its own ragged KV cache.
+
+    Chain: k autoregressive drafter steps, tokens sampled from the drafter's processed distribution q
+    (argmax when greedy); q goes to verification. Tree (EAGLE-2 style): expand the `branch` best frontier
+    nodes by their `branch` most likely children for up to k levels, rank every node by cumulative log q
+    and keep the best `tree` (an ancestor-closed set); children are distinct and deterministic, so
+    verification needs no q. After verification the drafter's cache rolls back to the committed tokens.
+    """
+
+    def __init__(self, model, branch: int = 4):
+        self.model = model
+        self.vocab_size = _vocab_size(model)
+        self.branch = branch
+        self.cache = None
+
+    def reset(self, batch, capacity, vocab_size):
+        self.cache = RaggedKVCache(self.model, len(batch.ids), capacity + 2 * capacity // 8 + 64,
+                                   _device(self.model), _dtype(self.model))
+        self._valid = self.cache.seq_lens.clone()
+        self._base = None
+
+    def keep(self, rows):
+        self.cache.keep(rows)
+        self._valid = self._valid.index_select(0, rows)
+
+    def commit(self, accepted_path, num_accepted):
+        # chain: the drafter forwarded d1 .. d_{k-1}; those accepted stay valid. tree: back to the root.
+        self._valid = self._base + torch.minimum(num_accepted.to(self._base.dtype), self._kept)
+        self.cache.seq_lens.copy_(self._valid)
+
+    # ------------------------------------------------------------------------------------------- drafting
+
+    def propose(self, batch, k, tree, sampling) -> Draft:
+        logits = self._catch_up(batch)                          # forward the committed tokens it has not seen
+        self._base = batch.lengths.to(torch.int32)
+        if tree is not None:
+            return self._propose_tree(batch, logits, k, tree, sampling)
+        caps = (batch.remaining() - 1).clamp(min=0, max=k)
+        depth = max(int(caps.max()), 0)
+        tokens, probs = [], []
+        for j in range(depth):
+            q = sampling.probs(logits)
+            tok = q.argmax(-1) if sampling.greedy else sample_rows(q, batch.seeds, batch.offsets, j)
+            tokens.append(tok)
+            probs.append(q)
+            if j + 1 < depth:
+                logits = self._step(tok[:, None])[:, 0]
+        self._kept = torch.full_like(self._base, max(depth - 1, 0))
+        roots = batch.tokens[torch.arange(len(batch.ids)), batch.lengths - 1]
+        tokens = torch.stack([roots] + tokens, dim=1)
+        num_nodes = (caps + 1).to(tokens.device)
+        width = tokens.shape[1]
+        parents = (torch.arange(width, device=tokens.device) - 1).expand(tokens.shape[0], width).clone()
+        parents[torch.arange(width, device=tokens.device)[None] >= num_nodes[:, None]] = -1
+        draft_probs = None
+        if not sampling.greedy:
+            draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], dim=1) if probs else None
+        return Draft(tokens, parents, num_nodes, draft_probs, chain=True)
+
+    def _catch_up(self, batch) -> torch.Tensor:
+        """Forward tokens[valid:length] of every request (ragged); float32 logits [B, V] after the root."""
+        pending = batch.lengths - self._valid.long()
+        width = int(pending.max())
+        cols = self._valid.long()[:, None] + torch.arange(width, device=pending.device)
+        ids = torch.gather(batch.tokens, 1, cols.clamp(max=batch.tokens.shape[1] - 1))
+        ids = ids.masked_fill(torch.arange(width, device=pending.device)[None] >= pending[:, None], 0)
+        mask, depth = chain_tree(width, ids.shape[0], ids.device)
+        logits = forward_window(self.model, self.cache, ids, depth, mask)
+        self.cache.seq_lens.copy_(batch.lengths)
+        self._valid = batch.lengths.to(torch.int32)
+        return logits[torch.arange(ids.shape[0]), pending - 1]
+
+    def _step(self, ids) -> torch.Tensor:
+        mask, depth = chain_tree(ids.shape[1], ids.shape[0], ids.device)
+        logits = forward_window(self.model, self.cache, ids, depth, mask)
+        self.cache.seq_lens += ids.shape[1]
+        return logits
+
+    def _propose_tree(self, batch, root_logits, k, budget, sampling) -> Draft:
+        bsz, dev, branch = len(batch.ids), root_logits.device, self.branch
+        rows = torch.arange(bsz, device=dev)
+        roots = batch.tokens[rows, batch.lengths - 1]
+        # node table (node 0 = root): token, parent, cumulative log q, depth
+        tok, par = roots[:, None], torch.full((bsz, 1), -1, dtype=torch.int64, device=dev)
+        score, dep = torch.zeros(bsz, 1, device=dev), torch.zeros(bsz, 1, dtype=torch.int64, device=dev)
+        window = torch.zeros(bsz, 1, dtype=torch.int64, device=dev)    # nodes the drafter has forwarded
+        frontier, logq = torch.zeros(bsz, 1, dtype=torch.int64, device=dev), None
+        q = sampling.probs(root_logits)[:, None]                       # [B, F, V]: q at each frontier node
+        max_depth = max(1, min(k, int((batch.remaining() - 1).clamp(min=1).max())))
+        for d in range(1, max_depth + 1):
+            logq = torch.log(q)
+            top = torch.topk(logq, min(branch, logq.shape[-1]), dim=-1)    # [B, F, branch]
+            child_score = (torch.gather(score, 1, frontier)[:, :, None] + top.values).flatten(1)
+            child_par = frontier[:, :, None].expand_as(top.indices).flatten(1)
+            first = tok.shape[1]
+            tok = torch.cat([tok, top.indices.flatten(1)], 1)
+            par = torch.cat([par, child_par], 1)
+            score = torch.cat([score, child_score], 1)
+            dep = torch.cat([dep, torch.full_like(child_par, d)], 1)
+            if d == max_depth:
+                break
+            best = torch.topk(child_score, min(branch, child_score.shape[1]), dim=-1).indices
+            frontier = first + best                                    # expand the best new nodes next
+            window = torch.cat([window, frontier], 1)
+            logits = self._forward_nodes(window, tok, par, dep)         # [B, W, V]
+            q = sampling.probs(logits[:, -frontier.shape[1]:])
+        # keep the `budget` best nodes (ties: earlier first), in creation order so parents come first
+        n_total = tok.shape[1]
+        order = torch.sort(score[:, 1:], dim=-1, descending=True, stable=True).indices
+        keep = order[:, :min(budget, n_total - 1)].sort(-1).values + 1
+        keep = torch.cat([torch.zeros(bsz, 1, dtype=torch.int64, device=dev), keep], 1)
+        remap = torch.full((bsz, n_total), -1, dtype=torch.int64, device=dev)
+        remap.scatter_(1, keep, torch.arange(keep.shape[1], device=dev).expand(bsz, -1).contiguous())
+        new_par = torch.gather(par, 1, keep)
+        new_par = torch.where(new_par >= 0, torch.gather(remap, 1, new_par.clamp(min=0)), new_par)
+        num_nodes = torch.full((bsz,), keep.shape[1], dtype=torch.int64, device=dev)
+        self._kept = torch.zeros_like(self._base)          # roll back to the root: accepted tokens get re-read
+        self.cache.seq_lens.copy_(self._base)
+        return Draft(torch.gather(tok, 1, keep), new_par, num_nodes, None, chain=False)
+
+    def _forward_nodes(self, window, tok, par, dep):
+        """Forward the forwarded-node set `window` [B, W] (root first, ancestor-closed) as a tree window
+        placed after the committed prefix minus the root; the root's entry is rewritten identically."""
+        bsz = window.shape[0]
+        remap = torch.full_like(tok, -1)
+        remap.scatter_(1, window, torch.arange(window.shape[1], device=tok.device).expand(bsz, -1).contiguous())
+        wpar = torch.gather(par, 1, window)
+        wpar = torch.where(wpar >= 0, torch.gather(remap, 1, wpar.clamp(min=0)), wpar)
+        mask, _ = ops.build_tree(wpar)
+        self.cache.seq_lens.copy_(self._base - 1)
+        return forward_window(self.model, self.cache, torch.gather(tok, 1, window), torch.gather(dep, 1, window),
+                              mask)
