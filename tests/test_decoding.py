@@ -1,0 +1,276 @@
+"""The decode loop (specdec_ops.decoding, DESIGN.md §5.6) on tiny random-weight HF Llama models.
+
+Proves: greedy output equals the target's own generate(do_sample=False) token for token (chain and
+tree, n-gram and model drafters, a ragged batch of 3 prompts, EOS stops); the target's KV cache after
+several steps equals a plain forward over the committed tokens; one target forward per step and no
+re-forward of accepted tokens; finished requests leave the batch; sampling is distributed as the
+target's (chi-square); clear errors for bad input; the engine example in docs/decoding.md runs.
+"""
+
+import os
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from specdec_ops.decoding import GenerateOutput, ModelDrafter, NGramDrafter, SpeculativeDecoder  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = 100
+PROMPTS = [[5, 17, 23, 42, 5, 17, 23, 8, 61, 5, 17], [3], [70, 71, 72, 73, 70, 71]]  # ragged, one of length 1
+
+
+def tiny_llama(layers: int, seed: int, vocab: int = VOCAB, hidden: int = 32) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None, attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: thread start-up costs more than it saves
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def small_drafter():
+    return tiny_llama(1, seed=1)
+
+
+def reference_greedy(model, prompt, max_new_tokens, eos=None):
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+                         pad_token_id=0, attention_mask=torch.ones_like(ids))
+    return out[0, len(prompt):].tolist()
+
+
+def make_drafter(kind, target, small_drafter):
+    if kind == "ngram":
+        return NGramDrafter(n=3)
+    if kind == "model":
+        return ModelDrafter(small_drafter)
+    return ModelDrafter(target)  # "self": the target drafts for itself, so long paths get accepted
+
+
+# ---------------------------------------------------------------------------------------------- greedy
+
+
+@pytest.mark.parametrize("tree", [None, 6], ids=["chain", "tree"])
+@pytest.mark.parametrize("kind", ["ngram", "model", "self"])
+def test_greedy_equals_target_generate_on_ragged_batch(target, small_drafter, kind, tree):
+    max_new = 20
+    expected = [reference_greedy(target, p, max_new) for p in PROMPTS]
+    decoder = SpeculativeDecoder(target, make_drafter(kind, target, small_drafter), num_speculative_tokens=3,
+                                 tree=tree)
+    out = decoder.generate(PROMPTS, max_new_tokens=max_new, eos_token_id=[])
+    assert isinstance(out, GenerateOutput)
+    assert out.sequences == expected
+    stats = out.stats
+    assert stats.generated_tokens == 3 * max_new
+    assert stats.target_forwards <= max_new
+    assert stats.mean_accepted_length == pytest.approx(stats.generated_tokens / stats.request_steps)
+    assert stats.tokens_per_second > 0
+    if kind == "self":  # the target drafting for itself: many drafts accepted, far fewer forwards
+        assert stats.accepted_tokens >= max_new
+        assert stats.target_forwards < max_new * 0.6
+
+
+@pytest.mark.parametrize("tree", [None, 5], ids=["chain", "tree"])
+@pytest.mark.parametrize("kind", ["ngram", "self"])
+def test_greedy_eos_stops_each_request(target, small_drafter, kind, tree):
+    max_new = 16
+    free = [reference_greedy(target, p, max_new) for p in PROMPTS]
+    eos = free[0][4]  # a token request 0 emits early; others may or may not emit it
+    expected = [reference_greedy(target, p, max_new, eos=eos) for p in PROMPTS]
+    assert expected[0][-1] == eos and len(expected[0]) <= 5
+    decoder = SpeculativeDecoder(target, make_drafter(kind, target, small_drafter), num_speculative_tokens=4,
+                                 tree=tree)
+    out = decoder.generate(PROMPTS, max_new_tokens=max_new, eos_token_id=eos)
+    assert out.sequences == expected
+
+
+def test_greedy_accepts_tensor_prompts_and_long_drafts(target):
+    prompts = torch.tensor([PROMPTS[0][:6], PROMPTS[2]])
+    expected = [reference_greedy(target, p, 12) for p in prompts.tolist()]
+    out = SpeculativeDecoder(target, ModelDrafter(target), num_speculative_tokens=7).generate(
+        prompts, max_new_tokens=12, eos_token_id=[])
+    assert out.sequences == expected
+
+
+# ------------------------------------------------------------------------------------- cache and work
+
+
+class _Spy:
+    """Wraps a drafter: at each proposal, checks the target cache against a plain forward."""
+
+    def __init__(self, inner, decoder_ref, target):
+        self.inner, self.decoder_ref, self.target = inner, decoder_ref, target
+        self.vocab_size = getattr(inner, "vocab_size", None)
+        self.checked_steps = 0
+        self.step = 0
+
+    def reset(self, *a):
+        self.inner.reset(*a)
+
+    def commit(self, *a):
+        self.inner.commit(*a)
+
+    def keep(self, *a):
+        self.inner.keep(*a)
+
+    def propose(self, batch, *a):
+        self.step += 1
+        if self.step in (3, 5):
+            cache = self.decoder_ref[0].cache
+            for b in range(len(batch.ids)):
+                committed = batch.tokens[b, :int(batch.lengths[b]) - 1]
+                assert int(cache.seq_lens[b]) == committed.numel()
+                plain = DynamicCache(config=self.target.config)
+                self.target(committed[None], past_key_values=plain, use_cache=True)
+                for layer in range(len(cache.keys)):
+                    n = committed.numel()
+                    torch.testing.assert_close(cache.keys[layer][b, :, :n], plain.layers[layer].keys[0],
+                                               atol=1e-5, rtol=1e-5)
+                    torch.testing.assert_close(cache.values[layer][b, :, :n], plain.layers[layer].values[0],
+                                               atol=1e-5, rtol=1e-5)
+            self.checked_steps += 1
+        return self.inner.propose(batch, *a)
+
+
+@pytest.mark.parametrize("tree", [None, 6], ids=["chain", "tree"])
+def test_kv_cache_after_steps_equals_plain_forward_over_committed_tokens(target, tree):
+    holder = []
+    spy = _Spy(ModelDrafter(target), holder, target)
+    decoder = SpeculativeDecoder(target, spy, num_speculative_tokens=3, tree=tree)
+    holder.append(decoder)
+    with torch.inference_mode():
+        out = decoder.generate(PROMPTS, max_new_tokens=24, eos_token_id=[])
+    assert spy.checked_steps == 2
+    assert out.stats.accepted_tokens > 0
+
+
+def test_one_target_forward_per_step_no_reforward_and_finished_requests_leave(target):
+    shapes = []
+    hook = target.model.register_forward_pre_hook(lambda mod, args, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                                  with_kwargs=True)
+    try:
+        free = [reference_greedy(target, p, 16) for p in PROMPTS]
+        eos = free[0][2]
+        expected = [reference_greedy(target, p, 16, eos=eos) for p in PROMPTS]
+        shapes.clear()
+        out = SpeculativeDecoder(target, NGramDrafter(), num_speculative_tokens=3).generate(
+            PROMPTS, max_new_tokens=16, eos_token_id=eos)
+    finally:
+        hook.remove()
+    assert out.sequences == expected
+    assert len(shapes) == out.stats.target_forwards + 1                # prefill + one verify forward per step
+    verify = shapes[1:]
+    # each verify forward covers the root plus the drafts, never re-reads accepted tokens
+    assert sum(b * q for b, q in verify) == out.stats.request_steps + sum(
+        (q - 1) * b for b, q in verify)
+    assert all(q <= 1 + 3 for _, q in verify)
+    batch_sizes = [b for b, _ in verify]
+    assert batch_sizes[0] == 3 and batch_sizes == sorted(batch_sizes, reverse=True)
+    finished_early = sum(len(s) < 16 for s in expected)
+    assert finished_early >= 1 and batch_sizes[-1] <= 3 - finished_early
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.7, top_k=5, top_p=0.9)],
+                         ids=["t1", "t0.7-topk5-topp0.9"])
+def test_sampling_first_two_tokens_match_target_distribution(params):
+    """chi-square, alpha = 1e-4, 6000 samples (one batch of 6000 copies of the prompt, seeds from `seed`)."""
+    from scipy.stats import chisquare
+
+    from specdec_ops.decoding.sampling import SamplingParams
+
+    vocab, samples, alpha = 8, 6000, 1e-4
+    tgt = tiny_llama(1, seed=3, vocab=vocab, hidden=16)
+    drf = tiny_llama(1, seed=4, vocab=vocab, hidden=16)
+    with torch.no_grad():  # sharpen the random models so the distributions are far from uniform
+        tgt.lm_head.weight.mul_(8)
+        drf.lm_head.weight.mul_(8)
+    prompt = [1, 2, 3]
+    sp = SamplingParams(params["temperature"], params.get("top_k", 0), params.get("top_p", 1.0))
+    with torch.inference_mode():  # exact joint of the first two tokens: p(x1) p(x2 | x1)
+        p1 = sp.probs(tgt(torch.tensor([prompt])).logits[0, -1])
+        seconds = torch.tensor([prompt + [x] for x in range(vocab)])
+        p2 = sp.probs(tgt(seconds).logits[:, -1])
+    joint = (p1[:, None] * p2).flatten()
+
+    out = SpeculativeDecoder(tgt, ModelDrafter(drf), num_speculative_tokens=2).generate(
+        [prompt] * samples, max_new_tokens=2, seed=1234, eos_token_id=[], **params)
+    assert all(len(s) == 2 for s in out.sequences)
+    assert out.stats.accepted_tokens > 0
+    cells = torch.tensor([s[0] * vocab + s[1] for s in out.sequences])
+    observed = torch.bincount(cells, minlength=vocab * vocab).double()
+    expected = joint.double() * samples
+    assert observed[expected == 0].sum() == 0                          # filtered tokens never appear
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    stat = chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() / exp[keep].sum().item())
+    assert stat.pvalue > alpha, (stat, params)
+
+
+def test_sampling_is_reproducible_per_seed(target, small_drafter):
+    dec = SpeculativeDecoder(target, ModelDrafter(small_drafter), num_speculative_tokens=3)
+    a = dec.generate(PROMPTS, max_new_tokens=10, temperature=1.0, seed=7, eos_token_id=[]).sequences
+    b = dec.generate(PROMPTS, max_new_tokens=10, temperature=1.0, seed=7, eos_token_id=[]).sequences
+    c = dec.generate(PROMPTS, max_new_tokens=10, temperature=1.0, seed=8, eos_token_id=[]).sequences
+    assert a == b and a != c
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_errors_name_the_problem(target):
+    dec = SpeculativeDecoder(target, NGramDrafter())
+    with pytest.raises(ValueError, match=r"prompts\[1\] is empty"):
+        dec.generate([[1, 2], []])
+    with pytest.raises(ValueError, match=r"prompts\[0\]\[1\] = 100 is outside"):
+        dec.generate([[1, 100]])
+    with pytest.raises(ValueError, match=r"prompts\[0\]\[0\] = -1 is outside"):
+        dec.generate([[-1]])
+    with pytest.raises(ValueError, match="vocab size 50 does not match"):
+        SpeculativeDecoder(target, ModelDrafter(tiny_llama(1, seed=2, vocab=50)))
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            SpeculativeDecoder(target, NGramDrafter(), num_speculative_tokens=bad)
+    for bad in (0, 256, 10_000):
+        with pytest.raises(ValueError, match="tree"):
+            SpeculativeDecoder(target, NGramDrafter(), tree=bad)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        dec.generate([[1]], max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        dec.generate([[1]], temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        dec.generate([[1]], top_p=0.0)
+    with pytest.raises(ValueError, match="n must be"):
+        NGramDrafter(n=0)
+
+
+# ---------------------------------------------------------------------------------------------- docs
+
+
+def test_engine_example_in_docs_runs():
+    """The "Using the ops in your engine" example of docs/decoding.md, executed as written."""
+    text = open(os.path.join(ROOT, "docs", "decoding.md")).read()
+    section = text[text.index("## Using the ops in your engine"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "docs/decoding.md", "exec"), {"__name__": "docs_example"})
