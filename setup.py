@@ -34,7 +34,7 @@ def nvidia_wheel_includes():
     for base in spec.submodule_search_locations:
         dirs += sorted(glob.glob(os.path.join(base, "cu*", "include")))
         dirs += sorted(glob.glob(os.path.join(base, "*", "include")))
-    return [d for d in dirs if os.path.isdir(d)]
+    return list(dict.fromkeys(d for d in dirs if os.path.isdir(d)))
 
 
 def want_cuda(torch, cpp_extension):
@@ -53,6 +53,10 @@ def want_cuda(torch, cpp_extension):
 
 
 def extensions():
+    # CUDA_HOME defaults to /usr/local/cuda (torch would otherwise derive it from the nvcc on PATH,
+    # which may be a symlink outside the toolkit).
+    if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        os.environ["CUDA_HOME"] = "/usr/local/cuda"
     import torch
     from torch.utils import cpp_extension
 
@@ -61,10 +65,16 @@ def extensions():
     if want_cuda(torch, cpp_extension):
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
         print(f"specdec_ops: building CUDA kernels for {os.environ['TORCH_CUDA_ARCH_LIST']}")
+        # The nvidia-* wheels carry headers the CUDA toolkit install may lack (cuBLAS, cuSPARSE, ...,
+        # which ATen's CUDA headers include) but also partial copies of the runtime headers: search
+        # them after the toolkit's own include dir (-idirafter), for the host compiler only (.cu files
+        # include no torch headers).
+        for inc in nvidia_wheel_includes():
+            cxx_flags += ["-idirafter", inc]
         ext = cpp_extension.CUDAExtension(
             "specdec_ops._C",
             cpp + cu,
-            include_dirs=nvidia_wheel_includes(),
+            include_dirs=[os.path.join(cpp_extension.CUDA_HOME, "include")],
             define_macros=[("SPECDEC_WITH_CUDA", "1")],
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-lineinfo"]},
         )
