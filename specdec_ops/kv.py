@@ -98,6 +98,14 @@ def _check_values(caches, seq_lens, accepted_path, block_table) -> None:
                  f"{'max_blocks * block_size' if paged else 'S'} = {capacity})")
 
 
+@torch.compiler.assume_constant_result
+def _resolve_backend(backend: str | None, device: str) -> str:
+    # resolve_backend asks the dispatcher which kernels exist, which Dynamo cannot
+    # trace; the answer is a constant of the build, so torch.compile bakes it in.
+    return resolve_backend(backend, torch.device(device), "kv_commit", native_op="kv_commit",
+                           triton_op="kv_commit_triton")
+
+
 # ---------------------------------------------------------------------------------------------- public
 
 
@@ -168,8 +176,7 @@ def kv_commit(
     tensor([7], dtype=torch.int32)
     """
     caches = _check_args(caches, seq_lens, accepted_path, block_table)
-    backend = resolve_backend(backend, seq_lens.device, "kv_commit", native_op="kv_commit",
-                              triton_op="kv_commit_triton")
+    backend = _resolve_backend(backend, str(seq_lens.device))
     if (seq_lens.device.type == "cpu" and backend in ("reference", "triton")
             and not torch.compiler.is_compiling()):
         _check_values(caches, seq_lens, accepted_path, block_table)
@@ -204,8 +211,9 @@ def kv_rollback(
     ----------
     caches : list of tensors, as in :func:`kv_commit` (may be empty)
     seq_lens : int32 [B], advanced in place
-    num_tokens : int [B]: n_b in 0..max_tokens (for a chain verified by
-        rejection_sample: ``num_accepted + 1``, the root/last token included)
+    num_tokens : int [B]: n_b in 1..max_tokens (for a chain verified by
+        rejection_sample: ``num_accepted + 1``, the root/last token included;
+        the root is always kept, as in every path)
     max_tokens : int: a static bound on n_b (keeps shapes fixed for CUDA graphs)
     """
     check_rank(num_tokens, 1, "num_tokens", "[B]")
@@ -215,10 +223,10 @@ def kv_rollback(
     if not isinstance(max_tokens, int) or max_tokens < 0:
         fail(f"max_tokens must be a non-negative int, got {max_tokens!r}")
     if seq_lens.device.type == "cpu" and not torch.compiler.is_compiling():
-        bad = ((num_tokens < 0) | (num_tokens > max_tokens)).nonzero()
+        bad = ((num_tokens < 1) | (num_tokens > max_tokens)).nonzero()
         if bad.numel():
             b = int(bad[0, 0])
-            fail(f"num_tokens[{b}] = {int(num_tokens[b])} is outside [0, max_tokens = {max_tokens}]")
+            fail(f"num_tokens[{b}] = {int(num_tokens[b])} is outside [1, max_tokens = {max_tokens}]")
     steps = torch.arange(max_tokens, device=seq_lens.device, dtype=torch.int32)
     path = torch.where(steps < num_tokens[:, None], steps, -1)
     kv_commit(caches, seq_lens, path, block_table=block_table, backend=backend)
