@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from specdec_ops.decoding import GenerateOutput, ModelDrafter, NGramDrafter, SpeculativeDecoder  # noqa: E402
+from specdec_ops.decoding.cache import cache_kwarg  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 100
@@ -138,7 +139,7 @@ class _Spy:
                 committed = batch.tokens[b, :int(batch.lengths[b]) - 1]
                 assert int(cache.seq_lens[b]) == committed.numel()
                 plain = DynamicCache(config=self.target.config)
-                self.target(committed[None], past_key_values=plain, use_cache=True)
+                self.target(committed[None], use_cache=True, **{cache_kwarg(self.target): plain})
                 for layer in range(len(cache.keys)):
                     n = committed.numel()
                     torch.testing.assert_close(cache.keys[layer][b, :, :n], plain.layers[layer].keys[0],
@@ -165,23 +166,29 @@ def test_one_target_forward_per_step_no_reforward_and_finished_requests_leave(ta
     shapes = []
     hook = target.model.register_forward_pre_hook(lambda mod, args, kw: shapes.append(tuple(kw["input_ids"].shape)),
                                                   with_kwargs=True)
+    drafts = []
+
+    class Recorder(NGramDrafter):
+        def propose(self, *a):
+            draft = super().propose(*a)
+            drafts.append(tuple(draft.tokens.shape))
+            return draft
+
     try:
         free = [reference_greedy(target, p, 16) for p in PROMPTS]
         eos = free[0][2]
         expected = [reference_greedy(target, p, 16, eos=eos) for p in PROMPTS]
         shapes.clear()
-        out = SpeculativeDecoder(target, NGramDrafter(), num_speculative_tokens=3).generate(
+        out = SpeculativeDecoder(target, Recorder(), num_speculative_tokens=3).generate(
             PROMPTS, max_new_tokens=16, eos_token_id=eos)
     finally:
         hook.remove()
     assert out.sequences == expected
-    assert len(shapes) == out.stats.target_forwards + 1                # prefill + one verify forward per step
-    verify = shapes[1:]
-    # each verify forward covers the root plus the drafts, never re-reads accepted tokens
-    assert sum(b * q for b, q in verify) == out.stats.request_steps + sum(
-        (q - 1) * b for b, q in verify)
-    assert all(q <= 1 + 3 for _, q in verify)
-    batch_sizes = [b for b, _ in verify]
+    assert shapes[0] == (3, len(PROMPTS[0]) - 1)                      # prefill: every prompt token but the root
+    assert len(shapes) == out.stats.target_forwards + 1                # then one verify forward per step
+    assert shapes[1:] == drafts                                        # over exactly [root, drafts]: accepted
+    assert out.stats.accepted_tokens > 0                               # tokens are never fed again
+    batch_sizes = [b for b, _ in drafts]
     assert batch_sizes[0] == 3 and batch_sizes == sorted(batch_sizes, reverse=True)
     finished_early = sum(len(s) < 16 for s in expected)
     assert finished_early >= 1 and batch_sizes[-1] <= 3 - finished_early
@@ -190,9 +197,10 @@ def test_one_target_forward_per_step_no_reforward_and_finished_requests_leave(ta
 # ---------------------------------------------------------------------------------------------- sampling
 
 
+@pytest.mark.parametrize("tree", [None, 4], ids=["chain", "tree"])
 @pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.7, top_k=5, top_p=0.9)],
                          ids=["t1", "t0.7-topk5-topp0.9"])
-def test_sampling_first_two_tokens_match_target_distribution(params):
+def test_sampling_first_two_tokens_match_target_distribution(params, tree):
     """chi-square, alpha = 1e-4, 6000 samples (one batch of 6000 copies of the prompt, seeds from `seed`)."""
     from scipy.stats import chisquare
 
@@ -212,7 +220,7 @@ def test_sampling_first_two_tokens_match_target_distribution(params):
         p2 = sp.probs(tgt(seconds).logits[:, -1])
     joint = (p1[:, None] * p2).flatten()
 
-    out = SpeculativeDecoder(tgt, ModelDrafter(drf), num_speculative_tokens=2).generate(
+    out = SpeculativeDecoder(tgt, ModelDrafter(drf, branch=2), num_speculative_tokens=2, tree=tree).generate(
         [prompt] * samples, max_new_tokens=2, seed=1234, eos_token_id=[], **params)
     assert all(len(s) == 2 for s in out.sequences)
     assert out.stats.accepted_tokens > 0
