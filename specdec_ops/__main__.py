@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="draft length (chain) or deepest tree path (default: 6 for ngram, 4 for a model)")
     gen.add_argument("--tree", type=int, default=None, help="draft a tree of up to N nodes instead of a chain")
     gen.add_argument("--ngram", type=int, default=3, help="longest n-gram the ngram drafter matches")
+    gen.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram the ngram drafter matches")
+    gen.add_argument("--fixed-k", action="store_true",
+                     help="ngram drafter: always draft k tokens (default: adapt the length to recent acceptance)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
@@ -41,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also run the target's plain generate(); print the speedup and whether tokens match")
     gen.add_argument("--no-chat-template", action="store_true", help="feed the prompt text as is")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--quiet", action="store_true", help="do not stream the text")
     return parser
 
@@ -58,12 +62,14 @@ def generate(args) -> int:
     from .decoding import ModelDrafter, NGramDrafter, SpeculativeDecoder
     from .decoding.models import default_target, load_model
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target_path = args.target or default_target()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     print(f"loading {target_path} ...", file=sys.stderr, flush=True)
     model, tokenizer = load_model(target_path, device)
     if args.draft == "ngram":
-        drafter = NGramDrafter(n=args.ngram)
+        drafter = NGramDrafter(n=args.ngram, min_n=min(args.ngram_min, args.ngram), adaptive=not args.fixed_k)
         k = args.k or 6
     else:
         drafter = ModelDrafter(load_model(args.draft, device)[0])

@@ -110,6 +110,22 @@ def test_greedy_accepts_tensor_prompts_and_long_drafts(target):
     assert out.sequences == expected
 
 
+def test_greedy_with_specdec_tree_attention_kernel_path():
+    """The GPU route: the target runs "specdec_tree" attention (tree_attention over the ragged cache with the
+    bitmask) instead of SDPA over the additive bias; forced onto the CPU kernel here."""
+    import specdec_ops.hf_attention  # noqa: F401  (registers "specdec_tree")
+
+    model = tiny_llama(2, seed=0)
+    expected = [reference_greedy(model, p, 12) for p in PROMPTS]
+    model.set_attn_implementation("specdec_tree")
+    model.specdec_tree_backend = "cpu"
+    for tree in (None, 6):
+        out = SpeculativeDecoder(model, ModelDrafter(model), num_speculative_tokens=3, tree=tree).generate(
+            PROMPTS, max_new_tokens=12, eos_token_id=[])
+        assert out.sequences == expected
+        assert out.stats.accepted_tokens > 0
+
+
 # ------------------------------------------------------------------------------------- cache and work
 
 

@@ -84,9 +84,9 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def forward(model, cache: RaggedKVCache, input_ids, position_ids, bias) -> torch.Tensor:
+def forward(model, cache: RaggedKVCache, input_ids, position_ids, bias, **attention_kwargs) -> torch.Tensor:
     """One forward of `model` over ``input_ids [B, Q]`` at ``position_ids [B, Q]`` with an additive
     ``bias [B, 1, Q, kv_len]``, writing the window's K/V into `cache`; returns float32 logits [B, Q, V]."""
     out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=bias,
-                use_cache=True, **{cache_kwarg(model): cache})
+                use_cache=True, **{cache_kwarg(model): cache}, **attention_kwargs)
     return out.logits.float()

@@ -278,12 +278,22 @@ class Batch:
 
 def forward_window(model, cache: RaggedKVCache, tokens, depth, mask) -> torch.Tensor:
     """Target/drafter forward over a window of tree nodes ``tokens [B, N]`` placed at slots
-    ``seq_lens[b] + i``: positions ``seq_lens + depth``, the additive mask from tree_attention_bias."""
+    ``seq_lens[b] + i``: positions ``seq_lens + depth``, the additive mask from tree_attention_bias.
+
+    A model switched to the ``"specdec_tree"`` attention (specdec_ops.hf_attention) gets the bitmask and
+    prefix lengths too and runs the tree_attention kernel instead of SDPA over the bias (on CUDA, or on
+    any device when ``model.specdec_tree_backend`` names a backend)."""
     kv_len = cache.set_window(tokens.shape[1])
     prefix = cache.seq_lens
     bias = ops.tree_attention_bias(mask, prefix, kv_len, dtype=_dtype(model))
     positions = prefix.long()[:, None] + depth.long()
-    return forward(model, cache, tokens, positions, bias)
+    extra = {}
+    if getattr(model.config, "_attn_implementation", None) == "specdec_tree":
+        extra = {"tree_mask": mask.contiguous(), "prefix_lens": prefix.clone()}
+        backend = getattr(model, "specdec_tree_backend", None)
+        if backend is not None:
+            extra["tree_attention_backend"] = backend
+    return forward(model, cache, tokens, positions, bias, **extra)
 
 
 _CHAIN_TREES: dict = {}

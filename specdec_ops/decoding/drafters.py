@@ -31,31 +31,50 @@ def _chain_draft(conts: list[list[int]], roots: torch.Tensor, device) -> Draft:
 
 
 class NGramDrafter:
-    """Prompt lookup: match the last n tokens (n = `n` down to 1) in the request's prompt and output so far and
-    propose what followed (k tokens; None = num_speculative_tokens). With a tree budget, several matches are
-    merged into a trie (longest n-gram first, most recent first)."""
+    """Prompt lookup: match the last n tokens (n = `n` down to `min_n`, default 1) in the request's prompt and
+    output so far and propose what followed (k tokens; None = num_speculative_tokens). With a tree budget,
+    several matches are merged into a trie (longest n-gram first, most recent first).
+
+    ``adaptive=True`` drafts per request at most one token more than it had accepted last step (all
+    accepted: two more, up to k) -- on a CPU, where every verified token costs compute, this keeps
+    low-acceptance stretches from paying for long rejected drafts.
+    """
 
     vocab_size = None  # proposes only tokens it has seen in the request
 
-    def __init__(self, n: int = 3, k: int | None = None, max_matches: int = 16):
+    def __init__(self, n: int = 3, k: int | None = None, max_matches: int = 16, min_n: int = 1,
+                 adaptive: bool = False):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
+        if not isinstance(min_n, int) or not 1 <= min_n <= n:
+            raise ValueError(f"min_n must be an int in [1, n = {n}], got {min_n!r}")
         if k is not None and (not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be None or an int >= 1, got {k!r}")
-        self.n, self.k, self.max_matches = n, k, max_matches
+        self.n, self.k, self.max_matches, self.min_n, self.adaptive = n, k, max_matches, min_n, adaptive
+        self._depth = self._drafted = None
 
     def reset(self, batch, capacity, vocab_size):
-        pass
+        self._depth = None
 
     def commit(self, accepted_path, num_accepted):
-        pass
+        if self.adaptive:
+            acc = num_accepted.long().cpu()
+            grow = torch.minimum(self._depth + 2, torch.full_like(self._depth, self._kmax))
+            self._depth = torch.where(acc >= self._drafted, grow, acc + 1)
 
     def keep(self, rows):
-        pass
+        if self._depth is not None:
+            self._depth = self._depth[rows.cpu()]
 
     def propose(self, batch, k, tree, sampling) -> Draft:
         k = self.k or k
-        caps = (batch.remaining() - 1).clamp(min=0).tolist()
+        caps = (batch.remaining() - 1).clamp(min=0).cpu()
+        if self.adaptive:
+            self._kmax = k
+            if self._depth is None:
+                self._depth = torch.full((len(batch.ids),), k, dtype=torch.int64)
+            caps = torch.minimum(caps, self._depth)
+        caps = caps.tolist()
         matches = self._matches(batch.tokens, batch.lengths)           # per request: [(start of continuation)]
         lengths = batch.lengths.tolist()
         seqs = batch.tokens.cpu()
@@ -65,7 +84,9 @@ class NGramDrafter:
             for b, found in enumerate(matches):
                 depth = min(k, caps[b])
                 conts.append(seqs[b, found[0]:min(found[0] + depth, lengths[b])].tolist() if found and depth else [])
+            self._drafted = torch.tensor([len(c) for c in conts], dtype=torch.int64)
             return _chain_draft(conts, roots, batch.device)
+        self._drafted = torch.tensor(caps, dtype=torch.int64)
         return self._trie(matches, seqs, lengths, roots, k, tree, caps, batch.device)
 
     def _matches(self, tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
@@ -76,7 +97,7 @@ class NGramDrafter:
         seqs = seqs[:, :width]
         found: list[list[int]] = [[] for _ in range(batch)]
         rows = torch.arange(batch)
-        for n in range(self.n, 0, -1):
+        for n in range(self.n, self.min_n - 1, -1):
             if width <= n:
                 continue
             suffix = torch.stack([seqs[rows, (lengths - n + i).clamp(min=0)] for i in range(n)], dim=1)

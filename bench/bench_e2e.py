@@ -1,0 +1,186 @@
+"""End-to-end speculative decoding: SmolLM2-135M-Instruct, greedy, 128 new tokens.
+
+Same process, same prompts (code writing, rewriting a given text, a structured list), chat template:
+  plain      model.generate(do_sample=False)
+  lookup     transformers' assisted generation with prompt lookup (prompt_lookup_num_tokens)
+  chain      SpeculativeDecoder + NGramDrafter, chain drafts
+  tree       SpeculativeDecoder + NGramDrafter, trie of several matches, one forward per tree
+At batch 1 every method decodes the prompts one after another; then the loop decodes batches of 4 and
+8 ragged prompts at once (transformers has no batched speculative path). tokens/s counts generated
+tokens over wall time; `same` says whether the tokens equal plain generate's, request by request.
+
+    python bench/bench_e2e.py [--quick] [--max-new-tokens 128] [--threads 1] [--device cpu|cuda] [--json out.json]
+
+--threads defaults to 1 on CPU: on a small shared machine torch's intra-op threads mostly wait on each
+other (measured ~10x slower forwards with 2 threads on 2 busy cores); every method runs with the same
+setting. On CUDA the target uses the "specdec_tree" attention (tree_attention kernel) for verification.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Table, base_parser, nvtx_range, profiled_region, synchronize  # noqa: E402
+
+import torch  # noqa: E402
+
+PROMPTS = [
+    # code writing (on given code)
+    "Add type hints and a one-line docstring to every function in this Python code, and return the full "
+    "code:\n\n```python\ndef area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n"
+    "    return 2 * (width + height)\n\n\ndef is_square(width, height):\n    return width == height\n```",
+    # rewriting a given text
+    "Fix the spelling mistakes in the following text and return the corrected text:\n\n"
+    "The new bild is out and it fixs the login bug that many users reportd last week. We also made the serch "
+    "page much faster, it now loads in about half the time. The mobile app update is coming next Tusday. "
+    "If you see anything wierd, please open a tikcet so we can look at it quickly.",
+    # a structured list
+    "Turn this text into a numbered list with one fact per line:\n\n"
+    "Mercury is the closest planet to the Sun. Venus is the hottest planet. Earth is the only planet known to "
+    "have life. Mars is called the Red Planet. Jupiter is the largest planet. Saturn has the most visible rings. "
+    "Uranus rotates on its side. Neptune has the strongest winds.",
+    # extra prompts for the batch runs
+    "Write a Python class `Stack` with push, pop, peek and is_empty methods, with type hints and docstrings.",
+    "Rewrite this sentence three times, each time more concise: The meeting that was scheduled to take place on "
+    "Monday has been moved to Wednesday because several of the participants are not available on Monday.",
+    "Give a step-by-step checklist for preparing a small web service for production: one line per step, "
+    "each starting with a verb.",
+    "Convert this list to JSON with keys name and price: apples 3 dollars, bread 2 dollars, milk 1 dollar, "
+    "cheese 5 dollars, coffee 7 dollars.",
+    "Summarize the rules of tic-tac-toe as a numbered list of short rules.",
+]
+
+
+def main() -> None:
+    parser = base_parser("End-to-end speculative decoding vs plain generate and prompt lookup (SmolLM2-135M)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
+    parser.add_argument("--target", default=None, help="HF directory or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--k", type=int, default=8, help="n-gram draft length (chain) / deepest path (tree)")
+    parser.add_argument("--tree", type=int, default=24, help="tree budget (nodes besides the root)")
+    parser.add_argument("--min-n", type=int, default=2, help="shortest n-gram the drafter matches")
+    parser.add_argument("--no-adaptive", action="store_true", help="always draft k tokens (NGramDrafter adaptive=False)")
+    parser.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for transformers")
+    args = parser.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    elif args.threads:
+        torch.set_num_threads(args.threads)
+
+    from specdec_ops.decoding import NGramDrafter, SpeculativeDecoder
+    from specdec_ops.decoding.models import default_target, load_model
+
+    max_new = 32 if args.quick and args.max_new_tokens == 128 else args.max_new_tokens
+    model, tokenizer = load_model(args.target or default_target(), args.device)
+    if args.device == "cuda":
+        import specdec_ops.hf_attention  # noqa: F401  (registers "specdec_tree")
+        model.set_attn_implementation("specdec_tree")
+    eos = tokenizer.eos_token_id
+    prompts = [_encode(tokenizer, p) for p in PROMPTS]
+    main_prompts = prompts[:1] if args.quick else prompts[:3]
+    print(f"device={args.device} threads={torch.get_num_threads()} max_new_tokens={max_new} "
+          f"prompts={len(main_prompts)} k={args.k} tree={args.tree} min_n={args.min_n} adaptive={not args.no_adaptive} "
+          f"lookup={args.lookup_tokens}", flush=True)
+
+    def plain(p):
+        ids = torch.tensor([p], device=args.device)
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                              eos_token_id=eos, pad_token_id=eos)[0, len(p):].tolist()
+
+    def lookup(p):
+        ids = torch.tensor([p], device=args.device)
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                              eos_token_id=eos, pad_token_id=eos,
+                              prompt_lookup_num_tokens=args.lookup_tokens)[0, len(p):].tolist()
+
+    def drafter():
+        return NGramDrafter(n=3, min_n=args.min_n, adaptive=not args.no_adaptive)
+
+    chain_dec = SpeculativeDecoder(model, drafter(), num_speculative_tokens=args.k)
+    tree_dec = SpeculativeDecoder(model, drafter(), num_speculative_tokens=args.k, tree=args.tree)
+    methods = {"plain": plain, "lookup": lookup,
+               "chain": lambda p: _ours(chain_dec, [p], max_new, eos),
+               "tree": lambda p: _ours(tree_dec, [p], max_new, eos)}
+
+    with torch.inference_mode():
+        _warmup(methods, main_prompts[0], chain_dec, tree_dec, eos, args.device)
+
+        table = Table(["batch", "method", "tokens", "seconds", "tokens_per_s", "vs_plain", "vs_lookup",
+                       "mean_accepted", "same"])
+        totals = {name: [0, 0.0, 0, 0] for name in methods}  # tokens, seconds, emitted-per-forward sums
+        reference = []
+        with profiled_region(args.device):
+            for p in main_prompts:   # interleave the methods prompt by prompt (fair under drifting load)
+                ref = None
+                for name, fn in methods.items():
+                    with nvtx_range(f"e2e-{name}", args.device):
+                        synchronize(args.device)
+                        start = time.perf_counter()
+                        out = fn(p)
+                        synchronize(args.device)
+                        seconds = time.perf_counter() - start
+                    tokens, stats = out if isinstance(out, tuple) else (out, None)
+                    if name == "plain":
+                        ref = tokens
+                        reference.append(tokens)
+                    t = totals[name]
+                    t[0] += len(tokens[0] if stats else tokens)
+                    t[1] += seconds
+                    if stats is not None:
+                        t[2] += stats.generated_tokens
+                        t[3] += stats.target_forwards
+                    same = (tokens[0] if stats else tokens) == ref
+                    t.append(same)
+        plain_tps = totals["plain"][0] / totals["plain"][1]
+        lookup_tps = totals["lookup"][0] / totals["lookup"][1]
+        for name, t in totals.items():
+            tps = t[0] / t[1]
+            table.add(batch=1, method=name, tokens=t[0], seconds=t[1], tokens_per_s=tps, vs_plain=tps / plain_tps,
+                      vs_lookup=tps / lookup_tps, mean_accepted=(t[2] / t[3]) if t[3] else None,
+                      same=all(t[4:]))
+
+        batch_sizes = [4] if args.quick else [4, 8]
+        for bsz in batch_sizes:
+            batch_prompts = [prompts[i % len(prompts)] for i in range(bsz)]
+            refs = [plain(p) for p in batch_prompts[len(reference):]] if len(reference) < bsz else []
+            all_refs = (reference + refs)[:bsz]
+            reference = reference + refs if len(reference) < bsz else reference
+            for name, dec in (("chain", chain_dec), ("tree", tree_dec)):
+                synchronize(args.device)
+                start = time.perf_counter()
+                out = dec.generate(batch_prompts, max_new_tokens=max_new, eos_token_id=eos)
+                synchronize(args.device)
+                seconds = time.perf_counter() - start
+                tokens = sum(len(s) for s in out.sequences)
+                tps = tokens / seconds
+                table.add(batch=bsz, method=name, tokens=tokens, seconds=seconds, tokens_per_s=tps,
+                          vs_plain=tps / plain_tps, vs_lookup=tps / lookup_tps,
+                          mean_accepted=out.stats.mean_accepted_length, same=out.sequences == all_refs)
+        table.write_json(args.json)
+    print("vs_plain / vs_lookup: tokens/s relative to batch-1 plain generate / prompt lookup on the same prompts")
+
+
+def _ours(decoder, prompts, max_new, eos):
+    out = decoder.generate(prompts, max_new_tokens=max_new, eos_token_id=eos)
+    return out.sequences, out.stats
+
+
+def _warmup(methods, prompt, chain_dec, tree_dec, eos, device):
+    ids = torch.tensor([prompt], device=device)
+    chain_dec.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                              eos_token_id=eos, pad_token_id=eos)
+    chain_dec.generate([prompt], max_new_tokens=4, eos_token_id=eos)
+    tree_dec.generate([prompt], max_new_tokens=4, eos_token_id=eos)
+
+
+def _encode(tokenizer, text):
+    from specdec_ops.__main__ import encode_prompt
+
+    return encode_prompt(tokenizer, text, chat=True)
+
+
+if __name__ == "__main__":
+    main()
