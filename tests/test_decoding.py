@@ -81,7 +81,8 @@ def test_greedy_equals_target_generate_on_ragged_batch(target, small_drafter, ki
     stats = out.stats
     assert stats.generated_tokens == 3 * max_new
     assert stats.target_forwards <= max_new
-    assert stats.mean_accepted_length == pytest.approx(stats.generated_tokens / stats.request_steps)
+    assert stats.step_tokens == stats.generated_tokens - 3                  # the prefill emits the first tokens
+    assert stats.mean_accepted_length == pytest.approx(stats.step_tokens / stats.request_steps)
     assert stats.tokens_per_second > 0
     if kind == "self":  # the target drafting for itself: many drafts accepted, far fewer forwards
         assert stats.accepted_tokens >= max_new
@@ -200,7 +201,7 @@ def test_one_target_forward_per_step_no_reforward_and_finished_requests_leave(ta
     finally:
         hook.remove()
     assert out.sequences == expected
-    assert shapes[0] == (3, len(PROMPTS[0]) - 1)                      # prefill: every prompt token but the root
+    assert shapes[0] == (3, len(PROMPTS[0]))                          # prefill: the prompts, first token
     assert len(shapes) == out.stats.target_forwards + 1                # then one verify forward per step
     assert shapes[1:] == drafts                                        # over exactly [root, drafts]: accepted
     assert out.stats.accepted_tokens > 0                               # tokens are never fed again
@@ -216,13 +217,15 @@ def test_one_target_forward_per_step_no_reforward_and_finished_requests_leave(ta
 @pytest.mark.parametrize("tree", [None, 4], ids=["chain", "tree"])
 @pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.7, top_k=5, top_p=0.9)],
                          ids=["t1", "t0.7-topk5-topp0.9"])
-def test_sampling_first_two_tokens_match_target_distribution(params, tree):
-    """chi-square, alpha = 1e-4, 6000 samples (one batch of 6000 copies of the prompt, seeds from `seed`)."""
+def test_sampling_first_tokens_match_target_distribution(params, tree):
+    """The joint of the first three tokens (the prefill draws the first, one verify step with a model draft
+    emits the next two) equals p(x1) p(x2 | x1) p(x3 | x1, x2) of the target after temperature / top-k /
+    top-p. Chi-square, alpha = 1e-4, 20000 samples (one batch of 20000 copies, per-request seeds)."""
     from scipy.stats import chisquare
 
     from specdec_ops.decoding.sampling import SamplingParams
 
-    vocab, samples, alpha = 8, 6000, 1e-4
+    vocab, samples, alpha = 8, 20000, 1e-4
     tgt = tiny_llama(1, seed=3, vocab=vocab, hidden=16)
     drf = tiny_llama(1, seed=4, vocab=vocab, hidden=16)
     with torch.no_grad():  # sharpen the random models so the distributions are far from uniform
@@ -230,18 +233,18 @@ def test_sampling_first_two_tokens_match_target_distribution(params, tree):
         drf.lm_head.weight.mul_(8)
     prompt = [1, 2, 3]
     sp = SamplingParams(params["temperature"], params.get("top_k", 0), params.get("top_p", 1.0))
-    with torch.inference_mode():  # exact joint of the first two tokens: p(x1) p(x2 | x1)
+    with torch.inference_mode():
         p1 = sp.probs(tgt(torch.tensor([prompt])).logits[0, -1])
-        seconds = torch.tensor([prompt + [x] for x in range(vocab)])
-        p2 = sp.probs(tgt(seconds).logits[:, -1])
-    joint = (p1[:, None] * p2).flatten()
+        p2 = sp.probs(tgt(torch.tensor([prompt + [a] for a in range(vocab)])).logits[:, -1])
+        p3 = sp.probs(tgt(torch.tensor([prompt + [a, b] for a in range(vocab) for b in range(vocab)])).logits[:, -1])
+    joint = (p1[:, None, None] * p2[:, :, None] * p3.view(vocab, vocab, vocab)).flatten()
 
     out = SpeculativeDecoder(tgt, ModelDrafter(drf, branch=2), num_speculative_tokens=2, tree=tree).generate(
-        [prompt] * samples, max_new_tokens=2, seed=1234, eos_token_id=[], **params)
-    assert all(len(s) == 2 for s in out.sequences)
-    assert out.stats.accepted_tokens > 0
-    cells = torch.tensor([s[0] * vocab + s[1] for s in out.sequences])
-    observed = torch.bincount(cells, minlength=vocab * vocab).double()
+        [prompt] * samples, max_new_tokens=3, seed=1234, eos_token_id=[], **params)
+    assert all(len(s) == 3 for s in out.sequences)
+    assert out.stats.target_forwards == 2 and out.stats.accepted_tokens > samples // 10  # rejections need a 2nd
+    cells = torch.tensor([(s[0] * vocab + s[1]) * vocab + s[2] for s in out.sequences])
+    observed = torch.bincount(cells, minlength=vocab ** 3).double()
     expected = joint.double() * samples
     assert observed[expected == 0].sum() == 0                          # filtered tokens never appear
     big = expected >= 5

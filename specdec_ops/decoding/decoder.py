@@ -44,14 +44,15 @@ class GenerationStats:
     target_forwards: int = 0      # verify forwards of the target (prefill not counted)
     draft_tokens: int = 0         # draft tokens proposed
     accepted_tokens: int = 0      # draft tokens accepted
-    generated_tokens: int = 0     # tokens emitted (accepted + one correction/bonus per request-step)
+    generated_tokens: int = 0     # tokens emitted (the prefill's first token, then accepted + one per request-step)
+    step_tokens: int = 0          # tokens emitted by verify forwards
     request_steps: int = 0        # (request, verify forward) pairs
     seconds: float = 0.0
 
     @property
     def mean_accepted_length(self) -> float:
-        """Tokens emitted per target forward, per request (1.0 = no speedup)."""
-        return self.generated_tokens / max(self.request_steps, 1)
+        """Tokens emitted per verify forward, per request (1.0 = no speedup)."""
+        return self.step_tokens / max(self.request_steps, 1)
 
     @property
     def acceptance_rate(self) -> float:
@@ -64,7 +65,7 @@ class GenerationStats:
     def as_dict(self) -> dict:
         return {"target_forwards": self.target_forwards, "draft_tokens": self.draft_tokens,
                 "accepted_tokens": self.accepted_tokens, "generated_tokens": self.generated_tokens,
-                "mean_accepted_length": self.mean_accepted_length, "acceptance_rate": self.acceptance_rate,
+                "step_tokens": self.step_tokens, "mean_accepted_length": self.mean_accepted_length, "acceptance_rate": self.acceptance_rate,
                 "tokens_per_second": self.tokens_per_second, "seconds": self.seconds}
 
     def __getitem__(self, key):
@@ -120,9 +121,9 @@ class SpeculativeDecoder:
         """
         start = time.perf_counter()
         sampling = _check_sampling(temperature, top_k, top_p)
-        batch = self._start(prompts, max_new_tokens, seed, eos_token_id)   # prefill: cache holds all but the root
         stats = GenerationStats()
-        while batch.active:
+        batch = self._prefill(prompts, max_new_tokens, seed, eos_token_id, sampling, stats, streamer)
+        while batch.active:                     # the cache holds every token but the last one (the root)
             with _nvtx("draft"):
                 draft = self.drafter.propose(batch, self.k, self.tree, sampling)
             with _nvtx("verify"):
@@ -134,15 +135,15 @@ class SpeculativeDecoder:
                 self.drafter.commit(out.accepted_path, out.num_accepted)
                 finished = batch.emit(out.token_ids, out.num_accepted, stats, draft, streamer)
             if finished:                                                    # finished requests stop costing work
-                rows = batch.keep_unfinished()
-                self.cache.keep(rows)
-                self.drafter.keep(rows)
+                self._drop_finished(batch)
         stats.seconds = time.perf_counter() - start
         return GenerateOutput(batch.results, stats)
 
     # ----------------------------------------------------------------------------------------- helpers
 
-    def _start(self, prompts, max_new_tokens, seed, eos_token_id) -> Batch:
+    def _prefill(self, prompts, max_new_tokens, seed, eos_token_id, sampling, stats, streamer) -> Batch:
+        """One forward over the (ragged) prompts fills the cache; their last logits give the first token
+        (rejection_sample with no drafts: a draw from p, argmax when greedy), the first root."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         prompts = _check_prompts(prompts, self.vocab_size)
@@ -156,12 +157,26 @@ class SpeculativeDecoder:
         batch = Batch(prompts, max_new_tokens, eos, request_seeds(seed, len(prompts)), capacity, device)
         self.cache = RaggedKVCache(self.target, len(prompts), capacity, device, _dtype(self.target))
         with _nvtx("prefill"):
-            width = int(batch.lengths.max()) - 1
-            if width > 0:   # every prompt token but the last (the first root) goes into the cache
-                self._forward_chain(self.target, self.cache, batch.tokens[:, :width])
-            self.cache.seq_lens.copy_(batch.lengths - 1)
+            logits = self._forward_chain(self.target, self.cache, batch.tokens[:, :int(batch.lengths.max())])
+            self.cache.seq_lens.copy_(batch.lengths)
+            rows = torch.arange(len(prompts), device=device)
+            probs = sampling.probs(logits[rows, batch.lengths - 1])[:, None]
+            greedy = torch.full((len(prompts),), sampling.greedy, dtype=torch.bool, device=device)
+            first = ops.rejection_sample(probs, torch.zeros(len(prompts), 0, dtype=torch.int64, device=device),
+                                         torch.zeros(len(prompts), dtype=torch.int64, device=device),
+                                         seeds=batch.seeds.to(device), offsets=batch.offsets.to(device),
+                                         greedy=greedy)
+            finished = batch.emit(first.token_ids, first.num_accepted, None, None, streamer)
+        stats.generated_tokens += len(prompts)
         self.drafter.reset(batch, capacity, self.vocab_size)
+        if finished:
+            self._drop_finished(batch)
         return batch
+
+    def _drop_finished(self, batch):
+        rows = batch.keep_unfinished()
+        self.cache.keep(rows)
+        self.drafter.keep(rows)
 
     def _verify_forward(self, draft: Draft) -> torch.Tensor:
         """float32 logits [B, N, V] of the target at every draft node; the nodes' K/V land in the cache window."""
@@ -236,10 +251,11 @@ class Batch:
         rows = token_ids.tolist()
         remaining = self.remaining().tolist()
         any_done = False
-        stats.target_forwards += 1
-        stats.request_steps += len(counts)
-        stats.draft_tokens += int((draft.num_nodes - 1).sum())
-        stats.accepted_tokens += int(num_accepted.sum())
+        if stats is not None:   # None: the prefill's first token
+            stats.target_forwards += 1
+            stats.request_steps += len(counts)
+            stats.draft_tokens += int((draft.num_nodes - 1).sum())
+            stats.accepted_tokens += int(num_accepted.sum())
         for b, (row, count) in enumerate(zip(rows, counts)):
             new = row[:min(count, remaining[b])]
             for i, tok in enumerate(new):
@@ -253,7 +269,9 @@ class Batch:
             self.tokens[b, start:start + len(new)] = torch.tensor(new, dtype=torch.int64)
             self.lengths[b] += len(new)
             self.results[self.ids[b]].extend(new)
-            stats.generated_tokens += len(new)
+            if stats is not None:
+                stats.generated_tokens += len(new)
+                stats.step_tokens += len(new)
             if streamer is not None:
                 streamer(self.ids[b], new)
             any_done |= self._finished[b]

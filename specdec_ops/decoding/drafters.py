@@ -43,7 +43,7 @@ class NGramDrafter:
     vocab_size = None  # proposes only tokens it has seen in the request
 
     def __init__(self, n: int = 3, k: int | None = None, max_matches: int = 16, min_n: int = 1,
-                 adaptive: bool = False):
+                 adaptive: bool = False, recent_first: bool = True):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         if not isinstance(min_n, int) or not 1 <= min_n <= n:
@@ -51,6 +51,7 @@ class NGramDrafter:
         if k is not None and (not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be None or an int >= 1, got {k!r}")
         self.n, self.k, self.max_matches, self.min_n, self.adaptive = n, k, max_matches, min_n, adaptive
+        self.recent_first = recent_first
         self._depth = self._drafted = None
 
     def reset(self, batch, capacity, vocab_size):
@@ -114,7 +115,7 @@ class NGramDrafter:
             for b, starts in per_b.items():
                 if len(found[b]) < self.max_matches:
                     seen = set(found[b])
-                    found[b].extend(s for s in reversed(starts) if s not in seen)
+                    found[b].extend(s for s in (reversed(starts) if self.recent_first else starts) if s not in seen)
                     del found[b][self.max_matches:]
         return found
 
