@@ -65,7 +65,8 @@ class GenerationStats:
     def as_dict(self) -> dict:
         return {"target_forwards": self.target_forwards, "draft_tokens": self.draft_tokens,
                 "accepted_tokens": self.accepted_tokens, "generated_tokens": self.generated_tokens,
-                "step_tokens": self.step_tokens, "mean_accepted_length": self.mean_accepted_length, "acceptance_rate": self.acceptance_rate,
+                "step_tokens": self.step_tokens, "mean_accepted_length": self.mean_accepted_length,
+                "acceptance_rate": self.acceptance_rate,
                 "tokens_per_second": self.tokens_per_second, "seconds": self.seconds}
 
     def __getitem__(self, key):
