@@ -106,7 +106,7 @@ def main() -> None:
                "tree": lambda p: _ours(tree_dec, [p], max_new, eos)}
 
     with torch.inference_mode():
-        _warmup(methods, main_prompts[0], chain_dec, tree_dec, eos, args.device)
+        _warmup(main_prompts[0], chain_dec, tree_dec, eos, args.device)
 
         table = Table(["batch", "method", "tokens", "seconds", "tokens_per_s", "vs_plain", "vs_lookup",
                        "mean_accepted", "same"])
@@ -180,7 +180,7 @@ def _ours(decoder, prompts, max_new, eos):
     return out.sequences, out.stats
 
 
-def _warmup(methods, prompt, chain_dec, tree_dec, eos, device):
+def _warmup(prompt, chain_dec, tree_dec, eos, device):
     ids = torch.tensor([prompt], device=device)
     chain_dec.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
                               eos_token_id=eos, pad_token_id=eos)

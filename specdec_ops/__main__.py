@@ -12,6 +12,12 @@ import argparse
 import sys
 import time
 
+# An input-grounded task (the answer copies much of the prompt): where prompt lookup drafting pays off.
+DEFAULT_PROMPT = (
+    "Fix the spelling mistakes in the following text and return the corrected text:\n\n"
+    "The new bild is out and it fixs the login bug that many users reportd last week. We also made the serch page "
+    "much faster, it now loads in about half the time. The mobile app update is coming next Tusday. If you see "
+    "anything wierd, please open a tikcet so we can look at it quickly.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,8 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text with speculative decoding and print statistics",
                          description="Generate text with speculative decoding; streams the text, then prints "
                                      "target forwards, draft/accepted tokens, mean accepted length and tokens/s.")
-    gen.add_argument("--prompt", default="Write a Python function that returns the n-th Fibonacci number, "
-                                         "then explain it in three short bullet points.",
+    gen.add_argument("--prompt", default=DEFAULT_PROMPT,
                      help="the user message (the chat template is applied unless --no-chat-template)")
     gen.add_argument("--target", default=None,
                      help="target model: a Hugging Face model directory or a .gguf file "
