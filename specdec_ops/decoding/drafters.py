@@ -178,9 +178,13 @@ class ModelDrafter:
         self._valid = self._valid.index_select(0, rows)
 
     def commit(self, accepted_path, num_accepted):
-        # chain: the drafter forwarded d1 .. d_{k-1}; those accepted stay valid. tree: back to the root.
-        self._valid = self._base + torch.minimum(num_accepted.to(self._base.dtype), self._kept)
-        self.cache.seq_lens.copy_(self._valid)
+        # The window starts at the root (slot base - 1). Chain: the drafter forwarded the root and d1 .. d_{k-1},
+        # so the root and the accepted ones among those stay; tree: only the root stays (accepted tokens are
+        # re-read with the next step's first drafter forward). Pointer-only rollback, nothing moves.
+        kept = 1 + torch.minimum(num_accepted.to(self._base.dtype), self._kept)
+        self.cache.seq_lens.copy_(self._base - 1)
+        ops.kv_rollback([], self.cache.seq_lens, kept, max_tokens=self._max_kept + 1)
+        self._valid = self.cache.seq_lens.clone()
 
     # ------------------------------------------------------------------------------------------- drafting
 
@@ -199,7 +203,8 @@ class ModelDrafter:
             probs.append(q)
             if j + 1 < depth:
                 logits = self._step(tok[:, None])[:, 0]
-        self._kept = torch.full_like(self._base, max(depth - 1, 0))
+        self._max_kept = max(depth - 1, 0)
+        self._kept = torch.full_like(self._base, self._max_kept)
         roots = batch.tokens[torch.arange(len(batch.ids)), batch.lengths - 1]
         tokens = torch.stack([roots] + tokens, dim=1)
         num_nodes = (caps + 1).to(tokens.device)
@@ -268,6 +273,7 @@ class ModelDrafter:
         new_par = torch.gather(par, 1, keep)
         new_par = torch.where(new_par >= 0, torch.gather(remap, 1, new_par.clamp(min=0)), new_par)
         num_nodes = torch.full((bsz,), keep.shape[1], dtype=torch.int64, device=dev)
+        self._max_kept = 0
         self._kept = torch.zeros_like(self._base)          # roll back to the root: accepted tokens get re-read
         self.cache.seq_lens.copy_(self._base)
         return Draft(torch.gather(tok, 1, keep), new_par, num_nodes, None, chain=False)
