@@ -173,7 +173,8 @@ def _statistical_case(draft: bool, seed: int):
 
     p_u and q_u are fixed per node, with exact zeros in p; with draft_probs the
     children's tokens are drawn i.i.d. from q of their parent per request, without
-    they are 3 distinct tokens per node (random per request).
+    they are 3 fixed distinct tokens per node (the same in every request, so a bias
+    towards or against a child's token is not averaged away).
     """
     gen = torch.Generator().manual_seed(seed)
     parents1 = torch.tensor(full_tree(3, 3))
@@ -190,12 +191,12 @@ def _statistical_case(draft: bool, seed: int):
         picks = torch.multinomial(q1[parents1[1:]], batch, replacement=True, generator=gen)  # [N-1, B]
         tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.int64), picks.T], 1)
     else:
-        tokens = torch.zeros(batch, nodes, dtype=torch.int64)
+        tokens1 = torch.zeros(nodes, dtype=torch.int64)
         for u in range(nodes):
             children = [c for c in range(1, nodes) if int(parents1[c]) == u]
             if children:
-                perm = torch.argsort(torch.rand(batch, vocab, generator=gen), -1)
-                tokens[:, children] = perm[:, : len(children)]
+                tokens1[children] = torch.randperm(vocab, generator=gen)[: len(children)]
+        tokens = tokens1.repeat(batch, 1)
     seeds, offsets = rng(batch, gen)
     return dict(target_probs=p1.expand(batch, -1, -1).contiguous(), tree_token_ids=tokens, parents=parents,
                 num_nodes=None, draft_probs=q1.expand(batch, -1, -1).contiguous() if draft else None,
