@@ -235,7 +235,8 @@ def tree_rejection_sample(target_probs, tree_token_ids, parents, num_nodes=None,
 
         # Rejection: update p' where the update leaves some mass.
         if q_all is not None:
-            r_new = torch.clamp(r / z[:, None] - q, min=0.0)
+            d = r / z[:, None] - q
+            r_new = torch.where(d > 0, d, torch.zeros(()))   # max(d, 0), NaN -> 0 as in the kernels
             z_new = r_new.sum(-1)
             commit = reject & (z_new > 0)
             r = torch.where(commit[:, None], r_new, r)
