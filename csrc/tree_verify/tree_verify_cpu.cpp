@@ -110,7 +110,8 @@ void verify_request(const TreeVerifyParams& p, int64_t b) {
     ArgMax best = argmax_init();
     Philox4 bits{};
     for (int64_t i = 0; i < V; ++i) {
-      if ((i & 3) == 0) bits = philox_block(seed, offset, static_cast<uint32_t>(u), purpose, static_cast<uint32_t>(i >> 2));
+      if ((i & 3) == 0)
+        bits = philox_block(seed, offset, static_cast<uint32_t>(u), purpose, static_cast<uint32_t>(i >> 2));
       const float pi = load<T>(p.target_probs, row(u), V, i);
       float mass;
       if (p.draft_probs != nullptr) {
