@@ -23,6 +23,7 @@ from . import _ops  # noqa: E402
 from ._backend import BACKENDS  # noqa: E402
 from ._checks import BackendUnavailableError, SpecDecArgumentError
 from .sampling import rejection_sample, rejection_sample_packed
-from .types import SampleOutput
+from .tree_verify import tree_rejection_sample
+from .types import SampleOutput, TreeSampleOutput
 
 __version__ = "0.1.0"
