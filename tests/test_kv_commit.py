@@ -299,6 +299,7 @@ def test_paged_path_outside_the_requests_blocks(cpu_backend):
     (lambda a: a.update(caches=[a["caches"][0], a["caches"][1][:, :8]]), r"caches\[1\]"),
     (lambda a: a.update(caches=[a["caches"][0][:2]]), r"caches\[0\]"),
     (lambda a: a.update(caches=a["caches"][0]), "caches"),
+    (lambda a: a.update(caches=[a["caches"][0], 3]), r"caches\[1\] must be a torch.Tensor"),
     (lambda a: a.update(block_table=torch.zeros(3, 2)), "block_table"),
     (lambda a: a.update(block_table=torch.zeros(2, 2, dtype=torch.int32)), "block_table"),
 ])
@@ -315,7 +316,7 @@ def test_native_op_checks_too():
     caches, seq_lens, path, _ = _case_for_errors()
     with pytest.raises(RuntimeError, match="seq_lens must be int32"):
         torch.ops.specdec.kv_commit.default(caches, seq_lens.long(), path, None)
-    with pytest.raises(RuntimeError, match=r"caches\[1\] must have the S"):
+    with pytest.raises(ValueError, match=r"caches\[1\] must have the S"):
         torch.ops.specdec.kv_commit.default([caches[0], caches[1][:, :8]], seq_lens, path, None)
     path[0, 1] = 0
     with pytest.raises(ValueError, match=r"accepted_path\[0, 1\] = 0 is not greater"):
@@ -424,6 +425,16 @@ def test_cuda_bad_entries_end_the_path(backend, layout):
     assert torch.equal(gpu[1].cpu(), seq_lens)
     for c, g in zip(caches, gpu[0]):
         assert torch.equal(bits(g).cpu(), bits(c))
+
+
+@pytest.mark.cuda
+def test_cuda_mixed_devices_name_the_cache():
+    caches, seq_lens, path, _ = _case_for_errors()
+    for backend in ("cpu", "reference"):
+        with pytest.raises(ValueError, match=r"caches\[1\]"):
+            specdec_ops.kv_commit([caches[0], caches[1].cuda()], seq_lens, path, backend=backend)
+    with pytest.raises(ValueError, match=r"caches\[0\]"):
+        specdec_ops.kv_commit([caches[0]], seq_lens.cuda(), path.cuda(), backend="cuda")
 
 
 @pytest.mark.cuda
