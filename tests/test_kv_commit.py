@@ -210,7 +210,7 @@ def test_triton_kernel_ends_path_at_first_bad_entry(layout):
     capacity = 16 if table is None else 20
     path[0] = torch.tensor([0, 2, 2, 4, -1, -1])           # not increasing at 2
     path[1] = torch.tensor([0, 3, capacity, 5, -1, -1])    # outside at 2
-    path[2] = torch.tensor([0, 1, -1, 3, -1, -1])          # padding in the middle
+    path[2] = torch.tensor([0, -2, -1, 3, -1, -1])         # padding in the middle (garbage after it)
     if table is not None:
         table[0, 1] = -1  # request 0's second block unallocated: its path may end earlier
     expected = [c.clone() for c in caches]
@@ -220,7 +220,7 @@ def test_triton_kernel_ends_path_at_first_bad_entry(layout):
     assert torch.equal(seq_lens, expected_lens)
     for c, e in zip(caches, expected):
         assert torch.equal(bits(c), bits(e))
-    assert (expected_lens - make_case(layout, torch.float32, seed=21)[2]).tolist()[1:] == [2, 2]
+    assert (expected_lens - make_case(layout, torch.float32, seed=21)[2]).tolist()[1:] == [2, 1]
 
 
 # ---------------------------------------------------------------------------------------------- errors
