@@ -49,6 +49,13 @@ class TreeInfo(NamedTuple):
     depth: torch.Tensor
 
 
+@torch.compiler.assume_constant_result
+def _resolve(backend: str | None, device: torch.device, op: str, native_op: str | None = None,
+             triton_op: str | None = None) -> str:
+    """resolve_backend, evaluated once at trace time under torch.compile (it queries the dispatcher)."""
+    return resolve_backend(backend, device, op, native_op=native_op, triton_op=triton_op)
+
+
 def _values_checked_here(device: torch.device) -> bool:
     return device.type == "cpu" and not torch.compiler.is_compiling()
 
@@ -122,7 +129,7 @@ def build_tree(parents: torch.Tensor, num_nodes: torch.Tensor | None = None, *,
         check_shape(num_nodes, (batch,), "num_nodes", "[B]")
         check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
         check_device(num_nodes, device, "num_nodes", "parents")
-    backend = resolve_backend(backend, device, "build_tree", native_op="build_tree")
+    backend = _resolve(backend, device, "build_tree", "build_tree")
     if backend == "reference":
         if _values_checked_here(device):
             _check_parents_values(parents, num_nodes)
@@ -469,8 +476,7 @@ def tree_attention(
     device = q.device
     if prefix_backend not in (None, "flash_attn"):
         fail(f"prefix_backend must be None or 'flash_attn', got {prefix_backend!r}")
-    backend = resolve_backend(backend, device, "tree_attention", native_op="tree_attention",
-                              triton_op="tree_attention_triton")
+    backend = _resolve(backend, device, "tree_attention", "tree_attention", "tree_attention_triton")
     if _values_checked_here(device):
         _check_attention_values(prefix_lens, block_table, layout, k_cache.shape[0])
     if prefix_backend == "flash_attn":
@@ -554,8 +560,8 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
         both sides -inf gives out 0 and lse -inf (never NaN).
     """
     _check_merge_args(out_a, lse_a, out_b, lse_b)
-    backend = resolve_backend(backend, out_a.device, "merge_attention_states", native_op="merge_attention_states",
-                              triton_op="merge_attention_states_triton")
+    backend = _resolve(backend, out_a.device, "merge_attention_states", "merge_attention_states",
+                       "merge_attention_states_triton")
     if backend == "reference":
         return reference.merge_attention_states(out_a, lse_a, out_b, lse_b)
     op = (torch.ops.specdec.merge_attention_states if backend in ("cpu", "cuda")
