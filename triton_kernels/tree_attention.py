@@ -183,8 +183,10 @@ def merge_states_kernel(out_a_ptr, lse_a_ptr, out_b_ptr, lse_b_ptr, out_ptr, lse
     wb = tl.exp(lb - m_safe)
     total = wa + wb
     total_safe = tl.where(total > 0, total, 1.0)
-    a = tl.load(out_a_ptr + row * head_dim + d, mask=d_ok & (wa > 0), other=0.0).to(tl.float32)
-    b = tl.load(out_b_ptr + row * head_dim + d, mask=d_ok & (wb > 0), other=0.0).to(tl.float32)
-    out = (a * wa + b * wb) / total_safe
+    a = tl.load(out_a_ptr + row * head_dim + d, mask=d_ok, other=0.0).to(tl.float32)
+    b = tl.load(out_b_ptr + row * head_dim + d, mask=d_ok, other=0.0).to(tl.float32)
+    a = tl.where(wa > 0, a * wa, 0.0)  # an empty side's output (maybe garbage) is never used
+    b = tl.where(wb > 0, b * wb, 0.0)
+    out = (a + b) / total_safe
     tl.store(out_ptr + row * head_dim + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
     tl.store(lse_ptr + row, tl.where(total > 0, m_safe + tl.log(total_safe), float("-inf")))
