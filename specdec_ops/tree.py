@@ -718,6 +718,8 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
     block_d = max(16, _next_pow2(d))
     block_n = 64 if block_d <= 128 else 32
     block_m = min(64, max(16, _next_pow2(n * group)))
+    if q.dtype == torch.float32 and block_d >= 256:  # keep fp32 tiles inside shared memory
+        block_m, block_n = min(block_m, 32), 16
     m_tiles = -(-(n * group) // block_m)
     splits = 1 if skip_prefix else _num_splits(m_tiles * batch * hk, capacity, q.device)
     chunk = -(-max(capacity, 1) // splits)

@@ -335,10 +335,8 @@ def test_opcheck_tree_attention_and_merge():
     o, l = torch.randn(2, 3, 16), torch.randn(2, 3)
     torch.library.opcheck(torch.ops.specdec.merge_attention_states.default, (o, l, o.flip(0), l.flip(0)))
     if "triton" in CPU_BACKENDS:
-        torch.library.opcheck(torch.ops.specdec.tree_attention_triton.default, args,
-                              test_utils=("test_schema", "test_faketensor"))
-        torch.library.opcheck(torch.ops.specdec.merge_attention_states_triton.default,
-                              (o, l, o.flip(0), l.flip(0)), test_utils=("test_schema", "test_faketensor"))
+        torch.library.opcheck(torch.ops.specdec.tree_attention_triton.default, args)
+        torch.library.opcheck(torch.ops.specdec.merge_attention_states_triton.default, (o, l, o.flip(0), l.flip(0)))
 
 
 def test_compile_fullgraph_tree_attention_and_merge():

@@ -19,7 +19,7 @@ LSE -inf; an all-hidden row never produces NaN. LSE out is the natural log.
 import triton
 import triton.language as tl
 
-LN2 = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -80,7 +80,7 @@ def tree_attention_kernel(
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     prefix = tl.load(prefix_lens_ptr + b)
-    prefix = tl.minimum(tl.maximum(prefix, 0), capacity)
+    prefix = tl.minimum(tl.maximum(prefix, 0), capacity).to(tl.int32)
     mask_rows = mask_ptr + (b.to(tl.int64) * num_nodes + node.to(tl.int64)) * num_words
     own_word = tl.load(mask_rows + node // 64, mask=row_ok, other=0)
     real = row_ok & (((own_word >> (node % 64).to(tl.int64)) & 1) != 0)
