@@ -159,7 +159,8 @@ def build_tree(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) -> 
     """(mask int64 [B, N, ceil(N/64)], depth int32 [B, N]) by walking every node's ancestors.
 
     Bit j % 64 of word j // 64 in row i is set iff node j is i or an ancestor of i.
-    Nodes >= num_nodes[b] are padding: zero rows, depth -1. Parents must be valid.
+    Nodes >= num_nodes[b] are padding: zero rows, depth -1. A malformed parent (only reachable
+    on the GPU, where nothing raises) is treated as the root, as the CUDA kernel does.
     """
     batch, n = parents.shape
     words = (n + 63) // 64
@@ -167,13 +168,14 @@ def build_tree(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) -> 
     depth = torch.full((batch, n), -1, dtype=torch.int32)
     par = parents.cpu().tolist()
     for b in range(batch):
-        real = n if num_nodes is None else int(num_nodes[b])
+        real = n if num_nodes is None else min(max(int(num_nodes[b]), 0), n)
         for i in range(real):
             row = [0] * words
             a, steps = i, 0
             while a != -1:
                 row[a // 64] |= 1 << (a % 64)
-                a = par[b][a]
+                p = par[b][a]
+                a = -1 if a == 0 else (p if 0 <= p < a else 0)
                 steps += 1
             depth[b, i] = steps - 1
             mask[b, i] = torch.tensor([_to_int64_word(w) for w in row], dtype=torch.int64)

@@ -517,8 +517,10 @@ def _cascade_flash_attn(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_
     out_p = torch.where(lens[:, None, None, None] > 0, out_p.reshape(batch, n, hq, d), 0)
     # Tree part only: the Triton kernel with an empty prefix over keys shifted to the tree's slots.
     out_t, lse_t = _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, None, sm_scale, skip_prefix=True)
-    return torch.ops.specdec.merge_attention_states_triton.default(out_p.contiguous(), lse_p.contiguous(), out_t,
-                                                                   lse_t)
+    out, lse = torch.ops.specdec.merge_attention_states_triton.default(out_p.contiguous(), lse_p.contiguous(), out_t,
+                                                                       lse_t)
+    own = _unpack_bits(mask).diagonal(dim1=1, dim2=2)  # padding rows: 0 and -inf, as in the one-pass kernel
+    return torch.where(own[..., None, None], out, 0), torch.where(own[..., None], lse, float("-inf"))
 
 
 # ---------------------------------------------------------------------------------------------- merge

@@ -15,12 +15,20 @@ pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 0]  # 8 nodes, depth up to 3
 
 
-def _tiny_llama(num_kv_heads=2):
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=num_kv_heads, head_dim=16,
-                                      max_position_embeddings=128)
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+}
+
+
+def _tiny_llama(num_kv_heads=2, family="llama"):
+    config_cls, model_cls = FAMILIES[family]
+    config = config_cls(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=num_kv_heads, head_dim=16,
+                        max_position_embeddings=128)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = model_cls(config).eval()
     return model
 
 
@@ -44,10 +52,12 @@ def _prefix_cache(model, prompt):
     return cache
 
 
-@pytest.mark.parametrize("num_kv_heads", [2, 4])
-@pytest.mark.parametrize("tree_backend", [None, "cpu", "reference", "triton"])
-def test_specdec_tree_forward_equals_dense_mask_forward(num_kv_heads, tree_backend):
-    model = _tiny_llama(num_kv_heads)
+@pytest.mark.parametrize("family, num_kv_heads, tree_backend", [
+    ("llama", 2, None), ("llama", 4, None), ("llama", 2, "cpu"), ("llama", 4, "cpu"), ("llama", 2, "reference"),
+    ("llama", 2, "triton"), ("llama", 4, "triton"), ("qwen2", 2, None), ("qwen2", 2, "cpu"), ("mistral", 2, "cpu"),
+])
+def test_specdec_tree_forward_equals_dense_mask_forward(family, num_kv_heads, tree_backend):
+    model = _tiny_llama(num_kv_heads, family)
     batch, prefix = 2, 11
     prompt = torch.randint(0, 97, (batch, prefix))
     tree_ids = torch.randint(0, 97, (batch, len(PARENTS)))
