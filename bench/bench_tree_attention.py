@@ -62,7 +62,10 @@ def dense_decode(q, k, v):
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = args.device
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device == "cuda" else torch.float32)
     if device == "cuda":
@@ -90,7 +93,7 @@ def main() -> None:
     if flash_attn_with_kvcache is not None:
         cols += ["fa_causal_ms", "ratio_vs_fa"]
     table = Table(cols)
-    print(f"# device={device} dtype={dtype} Hq={hq} Hk={hk} D={d}")
+    print(f"# device={device} dtype={dtype} Hq={hq} Hk={hk} D={d} cpu_threads={torch.get_num_threads()}")
     with profiled_region(device):
         for batch, n, prefix in itertools.product(batches, nodes, prefixes):
             q, k, v, prefix_lens, info = make_inputs(batch, n, prefix, hq, hk, d, dtype, device)

@@ -602,7 +602,7 @@ _CPU_KEY_CHUNK = 2048
 
 def _tree_attention_cpu(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_scale):
     """CPU composite: per request, the prefix in key chunks without a mask, the tree keys with the
-    bitmask, merged exactly (the cascade the GPU kernel runs in one pass)."""
+    bitmask (appended to the last chunk), chunks merged exactly by their LSE."""
     layout = _check_attention_args(q, k_cache, v_cache, prefix_lens, mask, block_table)
     batch, n, hq, hk, d = layout.batch, layout.nodes, layout.q_heads, layout.kv_heads, layout.head_dim
     if not torch.compiler.is_compiling():
@@ -615,27 +615,30 @@ def _tree_attention_cpu(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_
     bits = _unpack_bits(mask)  # [B, N, N]
     own = bits.diagonal(dim1=1, dim2=2)  # [B, N] real nodes
 
-    def heads_first(x):  # [L, Hk, D] -> [Hk, L, D] float32
-        return x.float().permute(1, 0, 2)
+    def heads_first(x):  # [L, Hk, D] -> [Hk, L, D]
+        return x.permute(1, 0, 2)
 
     for b in range(batch):
         prefix = int(prefix_lens[b])
         # rows r = node * group + g for KV head h: query head h * group + g
         qb = q[b].float().reshape(n, hk, group, d).permute(1, 0, 2, 3).reshape(hk, n * group, d)
-        acc = torch.zeros(hk, n * group, d)
-        lse = torch.full((hk, n * group), float("-inf"))
-        for start in range(0, prefix, _CPU_KEY_CHUNK):  # prefix tiles: no mask
-            length = min(_CPU_KEY_CHUNK, prefix - start)
-            keys = _slots(k_cache, b, start, length, block_table)
-            vals = _slots(v_cache, b, start, length, block_table)
-            o, l = _attend_fp32(qb, heads_first(keys), heads_first(vals), sm_scale)
-            acc, lse = _merge_fp32(acc, lse, o, l)
         vis = bits[b].repeat_interleave(group, dim=0)  # [N * group, N]
         seen = bits[b].any(0)  # tree keys some node sees: the others may hold garbage
-        keys = torch.where(seen[:, None, None], _slots(k_cache, b, prefix, n, block_table).float(), 0.0)
-        vals = torch.where(seen[:, None, None], _slots(v_cache, b, prefix, n, block_table).float(), 0.0)
-        o, l = _attend_fp32(qb, heads_first(keys), heads_first(vals), sm_scale, vis)
-        acc, lse = _merge_fp32(acc, lse, o, l)
+        tree_k = torch.where(seen[:, None, None], _slots(k_cache, b, prefix, n, block_table).float(), 0.0)
+        tree_v = torch.where(seen[:, None, None], _slots(v_cache, b, prefix, n, block_table).float(), 0.0)
+        # Prefix chunks need no mask; the tree keys join the last chunk with the bitmask.
+        starts = list(range(0, prefix, _CPU_KEY_CHUNK)) or [0]
+        acc = lse = None
+        for start in starts:
+            length = min(_CPU_KEY_CHUNK, prefix - start)
+            keys = _slots(k_cache, b, start, length, block_table).float()
+            vals = _slots(v_cache, b, start, length, block_table).float()
+            visible = None
+            if start == starts[-1]:
+                keys, vals = torch.cat([keys, tree_k]), torch.cat([vals, tree_v])
+                visible = torch.cat([torch.ones(n * group, length, dtype=torch.bool), vis], dim=1)
+            o, l = _attend_fp32(qb, heads_first(keys), heads_first(vals), sm_scale, visible)
+            acc, lse = (o, l) if acc is None else _merge_fp32(acc, lse, o, l)
         acc = acc.reshape(hk, n, group, d).permute(1, 0, 2, 3).reshape(n, hq, d)
         lse = lse.reshape(hk, n, group).permute(1, 0, 2).reshape(n, hq)
         out[b] = torch.where(own[b][:, None, None], acc, 0.0)
