@@ -107,5 +107,5 @@ def test_specdec_tree_needs_prefix_lens():
 
 
 def test_registered_under_its_name():
-    hf_attention.register()
+    specdec_ops.register_hf_attention()
     assert transformers.AttentionInterface._global_mapping[hf_attention.NAME] is hf_attention.specdec_tree_attention

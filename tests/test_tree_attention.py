@@ -137,7 +137,10 @@ def test_paged_cache_with_shuffled_block_table(backend, block_size):
     q, k, v, prefix_lens, mask = make_case(seed=block_size)
     ref = reference.tree_attention(q, k, v, prefix_lens, mask)
     k_pool, v_pool, table = make_paged(k, v, prefix_lens, q.shape[1], block_size, gen)
+    k_before, v_before = k_pool.clone(), v_pool.clone()
     assert_matches_reference(backend, q, k_pool, v_pool, prefix_lens, mask, block_table=table.int(), ref=ref)
+    assert torch.equal(k_pool.nan_to_num(7.0), k_before.nan_to_num(7.0))  # the pool is read, never written
+    assert torch.equal(v_pool.nan_to_num(7.0), v_before.nan_to_num(7.0))
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
