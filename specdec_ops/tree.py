@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from . import _ops, reference
-from ._backend import resolve_backend, triton_interpreting
+from ._backend import resolve_backend
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, check_tensor,
                       fail, first_bad)
 
