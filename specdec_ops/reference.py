@@ -198,11 +198,9 @@ def tree_attention_bias(mask: torch.Tensor, prefix_lens: torch.Tensor, kv_len: i
     bias = torch.full((batch, 1, n, kv_len), float("-inf"), dtype=dtype)
     for b in range(batch):
         p = int(prefix_lens[b])
-        for j in range(kv_len):
-            if j < p:
-                bias[b, 0, :, j] = 0
-            elif j - p < n:
-                bias[b, 0, :, j] = torch.where(bits[b, :, j - p], 0.0, float("-inf")).to(dtype)
+        bias[b, 0, :, : max(0, min(p, kv_len))] = 0  # the prefix: always visible
+        for j in range(max(p, 0), min(p + n, kv_len)):  # tree key j - p: visible iff its bit is set
+            bias[b, 0, :, j] = torch.where(bits[b, :, j - p], 0.0, float("-inf")).to(dtype)
     return bias.to(mask.device)
 
 
