@@ -109,3 +109,26 @@ def test_specdec_tree_needs_prefix_lens():
 def test_registered_under_its_name():
     specdec_ops.register_hf_attention()
     assert transformers.AttentionInterface._global_mapping[hf_attention.NAME] is hf_attention.specdec_tree_attention
+
+
+@pytest.mark.cuda
+def test_specdec_tree_forward_on_cuda_runs_the_kernel_and_matches_dense_mask():
+    model = _tiny_llama(2).cuda()
+    batch, prefix = 2, 40
+    prompt = torch.randint(0, 97, (batch, prefix), device="cuda")
+    tree_ids = torch.randint(0, 97, (batch, len(PARENTS)), device="cuda")
+    info = specdec_ops.build_tree(torch.tensor([PARENTS] * batch, device="cuda"))
+    prefix_lens = torch.full((batch,), prefix, device="cuda")
+    positions = prefix_lens[:, None] + info.depth
+    model.set_attn_implementation("sdpa")
+    cache = _prefix_cache(model, prompt)
+    dense = _dense_tree_mask(PARENTS, prefix, prefix + len(PARENTS), torch.float32).cuda().expand(batch, -1, -1, -1)
+    with torch.no_grad():
+        expected = model(tree_ids, position_ids=positions, attention_mask=dense, past_key_values=cache).logits
+    hf_attention.register()
+    model.set_attn_implementation(hf_attention.NAME)
+    cache = _prefix_cache(model, prompt)
+    with torch.no_grad():
+        got = model(tree_ids, position_ids=positions, past_key_values=cache, tree_mask=info.mask,
+                    prefix_lens=prefix_lens).logits
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-3)
