@@ -25,7 +25,8 @@ from ._checks import BackendUnavailableError, SpecDecArgumentError
 from .sampling import rejection_sample, rejection_sample_packed
 from .tree import (TreeInfo, build_tree, merge_attention_states, parents_to_paths, paths_to_parents,
                    topk_grid_to_parents, tree_attention, tree_attention_bias)
-from .types import SampleOutput
+from .tree_verify import tree_rejection_sample
+from .types import SampleOutput, TreeSampleOutput
 
 __version__ = "0.1.0"
 

@@ -17,6 +17,7 @@ def native_loaded() -> bool:
     return NATIVE_ERROR is None
 
 
+@torch.compiler.assume_constant_result  # registrations are fixed at import: constant under torch.compile
 def has_kernel(op: str, dispatch_key: str) -> bool:
     """Whether ``specdec::<op>`` has a kernel registered for ``dispatch_key`` ("CPU", "CUDA")."""
     if not native_loaded():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .types import SampleOutput
+from .types import SampleOutput, TreeSampleOutput
 
 # Purposes (csrc/common/philox.h): part of the counter, they keep the streams apart.
 PURPOSE_ACCEPT = 0
@@ -145,6 +145,128 @@ def rejection_sample_packed(target_probs, cu_num_draft_tokens, draft_token_ids, 
             draft_token_ids[lo:hi].cpu(), hi - lo, greedy is not None and bool(greedy[b]),
             int(seeds[b]), int(offsets[b])))
     return _pack_output(results, max_num_draft_tokens + 1, target_probs.device)
+
+
+# ---------------------------------------------------------------------------------------------- tree verification
+
+
+def philox_uniform_rows(seeds: torch.Tensor, offsets: torch.Tensor, position: torch.Tensor, purpose,
+                        index: torch.Tensor) -> torch.Tensor:
+    """Uniforms [B, len(index)]: request b's numbers for (seeds[b], offsets[b], position[b], purpose[b]).
+
+    The batched form of :func:`philox_uniform` (same counter layout); `position` and
+    `purpose` are int64 [B] tensors or ints, `index` an int64 [L] tensor of vocab indices.
+    """
+    seeds, offsets = seeds.to(torch.int64), offsets.to(torch.int64)
+    batch = seeds.shape[0]
+    position = torch.as_tensor(position, dtype=torch.int64).expand(batch)
+    purpose = torch.as_tensor(purpose, dtype=torch.int64).expand(batch)
+    index = torch.as_tensor(index, dtype=torch.int64)[None, :]
+    col = lambda t: t[:, None]  # noqa: E731
+    words = philox4x32_10(index >> 2, col(position & _MASK32), col(offsets & _MASK32),
+                          col(((((offsets >> 32) & _MASK32) << 8) & _MASK32) | purpose),
+                          col(seeds & _MASK32), col((seeds >> 32) & _MASK32))
+    stacked = torch.stack(torch.broadcast_tensors(*words), dim=-1)
+    word = (index & 3).expand(batch, -1).unsqueeze(-1)
+    return bits_to_uniform(torch.gather(stacked, -1, word).squeeze(-1))
+
+
+def tree_rejection_sample(target_probs, tree_token_ids, parents, num_nodes=None, draft_probs=None, *, seeds,
+                          offsets, greedy=None) -> TreeSampleOutput:
+    """Tree verification (DESIGN.md §5.3), vectorized over the batch.
+
+    Every child has a larger index than its parent, so one forward scan over the
+    nodes c = 1 .. N-1 visits the children of every node in index order: request b
+    sits at node u[b] with its current distribution p' and tries c when
+    parents[b, c] == u[b]. State per request, as in csrc/tree_verify/tree_verify_math.h:
+      * with draft_probs: r = p' * Z unnormalized and its normalizer Z (p' = r / Z,
+        starting r = p_u, Z = 1); accept iff u * q_u(x) < r(x) / Z; on rejection
+        r <- max(r / Z - q_u, 0), Z <- sum(r) (not committed if the sum is 0);
+      * without: p' unnormalized with its running sum S; accept iff u * S < p'(x);
+        on rejection p'(x) <- 0 and S <- S - p'(x) (not committed if p' would
+        have no mass left);
+      * greedy: follow the child whose token is argmax p_u.
+    Acceptance uniform of child c: position c - 1, purpose accept. At the end an
+    exponential race over p' at u (position u; residual purpose if a child of u was
+    rejected, else bonus), or argmax p_u for greedy requests.
+    Bad values get the GPU's safe behaviour (the wrapper raises on CPU first): a
+    malformed parent is the root, a token outside [0, V) is rejected, num_nodes is
+    clamped into [1, N].
+    """
+    device = target_probs.device
+    p_all = prob_mass(target_probs.cpu())
+    q_all = None if draft_probs is None else prob_mass(draft_probs.cpu())
+    batch, nodes, vocab = p_all.shape
+    tokens = tree_token_ids.cpu().to(torch.int64)
+    par = parents.cpu().to(torch.int64)
+    n = torch.full((batch,), nodes, dtype=torch.int64) if num_nodes is None else \
+        num_nodes.cpu().to(torch.int64).clamp(1, nodes)
+    is_greedy = torch.zeros(batch, dtype=torch.bool) if greedy is None else greedy.cpu().to(torch.bool)
+    seeds, offsets = seeds.cpu(), offsets.cpu()
+    rows = torch.arange(batch)
+
+    u = torch.zeros(batch, dtype=torch.int64)          # current node
+    k = torch.zeros(batch, dtype=torch.int64)          # accepted nodes so far
+    path = torch.full((batch, nodes), -1, dtype=torch.int64)
+    path[:, 0] = 0
+    out = torch.full((batch, nodes), -1, dtype=torch.int64)
+    r = p_all[:, 0].clone()                            # p' (unnormalized)
+    z = torch.ones(batch)                              # normalizer of p' (draft_probs)
+    s = r.sum(-1)                                      # sum of p' (no draft_probs)
+    best = torch.argmax(r, -1)                         # argmax p_u (greedy), first index on ties
+    rejected = torch.zeros(batch, dtype=torch.bool)    # a child of u was tried and rejected
+
+    for c in range(1, nodes):
+        pc = par[:, c]
+        pc = torch.where((pc >= 0) & (pc < c), pc, torch.zeros_like(pc))
+        tries = (c < n) & (pc == u)
+        x = tokens[:, c]
+        in_vocab = (x >= 0) & (x < vocab)
+        xs = x.clamp(0, vocab - 1)
+        uc = philox_uniform_rows(seeds, offsets, c - 1, PURPOSE_ACCEPT, torch.zeros(1, dtype=torch.int64))[:, 0]
+        if q_all is not None:
+            q = q_all[rows, u]
+            accept = in_vocab & (uc * q[rows, xs] < r[rows, xs] / z)
+        else:
+            p_x = torch.where(in_vocab, r[rows, xs], torch.zeros(()))
+            accept = in_vocab & (uc * s < p_x)
+        accept = torch.where(is_greedy, x == best, accept) & tries
+        reject = tries & ~accept & ~is_greedy
+
+        # Rejection: update p' where the update leaves some mass.
+        if q_all is not None:
+            d = r / z[:, None] - q
+            r_new = torch.where(d > 0, d, torch.zeros(()))   # max(d, 0), NaN -> 0 as in the kernels
+            z_new = r_new.sum(-1)
+            commit = reject & (z_new > 0)
+            r = torch.where(commit[:, None], r_new, r)
+            z = torch.where(commit, z_new, z)
+        else:
+            r_new = r.clone()
+            r_new[rows, xs] = torch.where(in_vocab, torch.zeros(()), r[rows, xs])
+            commit = reject & (r_new > 0).any(-1)
+            r = torch.where(commit[:, None], r_new, r)
+            s = torch.where(commit, s - p_x, s)
+        rejected |= reject
+
+        # Acceptance: move to c with p' = p_c.
+        out[rows[accept], k[accept]] = x[accept]
+        k = k + accept.long()
+        path[rows[accept], k[accept]] = c
+        u = torch.where(accept, c, u)
+        p_c = p_all[:, c]
+        r = torch.where(accept[:, None], p_c, r)
+        z = torch.where(accept, torch.ones(()), z)
+        s = torch.where(accept, p_c.sum(-1), s)
+        best = torch.where(accept, torch.argmax(p_c, -1), best)
+        rejected &= ~accept
+
+    purpose = torch.where(rejected, PURPOSE_RESIDUAL, PURPOSE_BONUS)
+    noise = -torch.log(philox_uniform_rows(seeds, offsets, u, purpose, torch.arange(vocab)))
+    score = torch.where(r > 0, r / noise, torch.zeros(()))
+    final = torch.where(is_greedy, best, torch.argmax(score, -1))
+    out[rows, k] = final
+    return TreeSampleOutput(out.to(device), path.to(torch.int32).to(device), k.to(torch.int32).to(device))
 
 
 # ---------------------------------------------------------------------------------------------- tree (§5.4)

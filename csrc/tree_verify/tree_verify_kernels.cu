@@ -1,0 +1,351 @@
+// CUDA kernel of tree verification (DESIGN.md §5.3). Raw pointers only, no
+// torch headers: the launcher in tree_verify_op.cpp checks tensors and passes
+// TreeVerifyParams. One thread block per request:
+//   * the tree (parent and token of every node) is staged in shared memory;
+//   * every thread runs the same scalar walk (tree_verify_math.h) over the
+//     nodes in index order, so all threads take the same branches without
+//     broadcasts; only the outputs and the per-node scratch (normalizers or
+//     zeroed tokens, in a global workspace) are written by thread 0, followed
+//     by a barrier;
+//   * the vocab-wide steps are block reductions over one row, 4 entries per
+//     thread and Philox block with vectorized loads: argmax (greedy), sum and
+//     support of p_u (first child, no draft_probs), the sum of the next
+//     residual (a rejection, draft_probs), and the final exponential race.
+// No host sync; every index is clamped or checked: a bad parent is the root, a
+// child token outside [0, V) is rejected, num_nodes is clamped into [1, N].
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tree_verify_math.h"
+#include "tree_verify_params.h"
+
+namespace specdec {
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int64_t kMaxStagedNodes = 4096;  // 8 bytes each in dynamic shared memory
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Four consecutive entries i0 .. i0+3 of a row; entries at or past `vocab` read as 0.
+template <typename T>
+__device__ __forceinline__ void load4(const T* __restrict__ row, int64_t vocab, int64_t i0, bool aligned,
+                                      float out[4]) {
+  if (aligned && i0 + 3 < vocab) {
+    if constexpr (sizeof(T) == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(row + i0);
+      out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(row + i0);
+      const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) out[j] = to_float(h[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = i0 + j < vocab ? to_float(row[i0 + j]) : 0.f;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ bool aligned4(const T* row) {
+  return row != nullptr && (reinterpret_cast<uintptr_t>(row) % (4 * sizeof(T))) == 0;
+}
+
+struct Scratch {
+  ArgMax argmax[32];
+  float sum[32];
+  long long count[32];
+  int found;
+};
+
+__device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ArgMax b{__shfl_down_sync(kFullMask, a.score, o),
+             static_cast<int64_t>(__shfl_down_sync(kFullMask, static_cast<long long>(a.index), o))};
+    a = argmax_merge(a, b);
+  }
+  return a;
+}
+
+// Block-wide argmax (first index on ties); every thread gets the result.
+__device__ ArgMax block_argmax(ArgMax a, Scratch& s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  a = warp_argmax(a);
+  if (lane == 0) s.argmax[warp] = a;
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < static_cast<int>(blockDim.x >> 5) ? s.argmax[lane] : argmax_init();
+    a = warp_argmax(a);
+    if (lane == 0) s.argmax[0] = a;
+  }
+  __syncthreads();
+  const ArgMax result = s.argmax[0];
+  __syncthreads();
+  return result;
+}
+
+// Block-wide sum of a float and a count; every thread gets both.
+__device__ void block_sum(float& v, long long& c, Scratch& s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    v += __shfl_down_sync(kFullMask, v, o);
+    c += __shfl_down_sync(kFullMask, c, o);
+  }
+  if (lane == 0) {
+    s.sum[warp] = v;
+    s.count[warp] = c;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const bool live = lane < static_cast<int>(blockDim.x >> 5);
+    v = live ? s.sum[lane] : 0.f;
+    c = live ? s.count[lane] : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      v += __shfl_down_sync(kFullMask, v, o);
+      c += __shfl_down_sync(kFullMask, c, o);
+    }
+    if (lane == 0) {
+      s.sum[0] = v;
+      s.count[0] = c;
+    }
+  }
+  __syncthreads();
+  v = s.sum[0];
+  c = s.count[0];
+  __syncthreads();
+}
+
+template <typename T>
+__device__ int64_t row_argmax(const T* __restrict__ row, int64_t vocab, Scratch& s) {
+  const bool aligned = aligned4(row);
+  ArgMax best = argmax_init();
+  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
+    float v[4];
+    load4(row, vocab, 4 * g, aligned, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (4 * g + j < vocab) argmax_update(best, prob_mass(v[j]), 4 * g + j);
+  }
+  return block_argmax(best, s).index;
+}
+
+// Sum and number of entries with mass of p_u (the first child of u, no draft_probs).
+template <typename T>
+__device__ void row_sum_count(const T* __restrict__ row, int64_t vocab, Scratch& s, float& sum, int64_t& count) {
+  const bool aligned = aligned4(row);
+  float v_sum = 0.f;
+  long long v_count = 0;
+  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
+    float v[4];
+    load4(row, vocab, 4 * g, aligned, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float mass = prob_mass(v[j]);  // entries past vocab read 0
+      v_sum += mass;
+      v_count += mass > 0.f;
+    }
+  }
+  block_sum(v_sum, v_count, s);
+  sum = v_sum;
+  count = v_count;
+}
+
+// Sum of the next residual update r_{m+1} = max(r_m / Z_m - q, 0) (a rejection, draft_probs).
+template <typename T>
+__device__ float next_residual_sum(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t vocab,
+                                   const float* z, int64_t m, float z_m, Scratch& s) {
+  const bool p_aligned = aligned4(p_row), q_aligned = aligned4(q_row);
+  float v_sum = 0.f;
+  long long unused = 0;
+  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
+    float pv[4], qv[4];
+    load4(p_row, vocab, 4 * g, p_aligned, pv);
+    load4(q_row, vocab, 4 * g, q_aligned, qv);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v_sum += tree_next_residual(tree_residual(pv[j], qv[j], z, m), z_m, qv[j]);
+  }
+  block_sum(v_sum, unused, s);
+  return v_sum;
+}
+
+// Exponential race over p' at u: r_m (draft_probs) or p_u without the zeroed tokens.
+template <typename T>
+__device__ int64_t final_race(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t vocab,
+                              const float* z, const int32_t* zeroed, int64_t m, uint64_t seed, uint64_t offset,
+                              uint32_t position, uint32_t purpose, Scratch& s) {
+  const bool p_aligned = aligned4(p_row), q_aligned = aligned4(q_row);
+  ArgMax best = argmax_init();
+  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
+    float pv[4], qv[4] = {0.f, 0.f, 0.f, 0.f};
+    load4(p_row, vocab, 4 * g, p_aligned, pv);
+    unsigned excluded = 0;  // bit j: entry 4g + j is zeroed
+    if (q_row != nullptr) {
+      load4(q_row, vocab, 4 * g, q_aligned, qv);
+    } else {
+      for (int64_t j = 0; j < m; ++j)
+        if ((zeroed[j] >> 2) == g) excluded |= 1u << (zeroed[j] & 3);
+    }
+    const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = 4 * g + j;
+      if (i >= vocab) break;
+      const float mass = q_row != nullptr ? tree_residual(pv[j], qv[j], z, m)
+                                          : ((excluded >> j) & 1u ? 0.f : prob_mass(pv[j]));
+      const float noise = mass > 0.f ? exp_noise(bits.x[j]) : 1.f;
+      argmax_update(best, race_score(mass, noise), i);
+    }
+  }
+  return block_argmax(best, s).index;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads) tree_verify_kernel(const TreeVerifyParams p) {
+  __shared__ Scratch s;
+  extern __shared__ int32_t staged[];  // [2, N] parent, token (-1 outside the vocab) when N <= kMaxStagedNodes
+  const int64_t b = blockIdx.x, N = p.max_nodes, V = p.vocab;
+  const int64_t n = tree_num_nodes(p.num_nodes, b, N);
+  const bool greedy = p.greedy != nullptr && p.greedy[b];
+  const uint64_t seed = static_cast<uint64_t>(p.seeds[b]);
+  const uint64_t offset = static_cast<uint64_t>(p.offsets[b]);
+  const int64_t* tokens = p.tree_token_ids + b * N;
+  const int64_t* parents = p.parents + b * N;
+  const T* target = static_cast<const T*>(p.target_probs) + b * N * V;
+  const T* draft = p.draft_probs != nullptr ? static_cast<const T*>(p.draft_probs) + b * N * V : nullptr;
+  float* z = p.normalizers != nullptr ? p.normalizers + b * N : nullptr;
+  int32_t* zeroed = p.zeroed != nullptr ? p.zeroed + b * N : nullptr;
+  int64_t* out_tokens = p.token_ids + b * N;
+  int32_t* out_path = p.accepted_path + b * N;
+
+  const bool stage = N <= kMaxStagedNodes;
+  if (stage) {
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
+      staged[c] = c == 0 ? -1 : static_cast<int32_t>(tree_parent(parents[c], c));
+      staged[N + c] = draft_in_vocab(tokens[c], V) ? static_cast<int32_t>(tokens[c]) : -1;
+    }
+    __syncthreads();
+  }
+  const auto parent_of = [&](int64_t c) -> int64_t { return stage ? staged[c] : tree_parent(parents[c], c); };
+  const auto token_of = [&](int64_t c) -> int64_t {
+    return stage ? staged[N + c] : (draft_in_vocab(tokens[c], V) ? tokens[c] : -1);
+  };
+
+  int64_t u = 0, k = 0, final_token;
+  if (threadIdx.x == 0) out_path[0] = 0;
+  if (greedy) {
+    int64_t best = row_argmax(target, V, s);
+    while (true) {
+      if (threadIdx.x == 0) s.found = static_cast<int>(n);
+      __syncthreads();
+      for (int64_t c = u + 1 + threadIdx.x; c < n; c += blockDim.x)
+        if (parent_of(c) == u && token_of(c) == best) atomicMin(&s.found, static_cast<int>(c));
+      __syncthreads();
+      const int64_t c = s.found;
+      __syncthreads();
+      if (c >= n) break;
+      if (threadIdx.x == 0) {
+        out_tokens[k] = best;
+        out_path[k + 1] = static_cast<int32_t>(c);
+      }
+      ++k;
+      u = c;
+      best = row_argmax(target + u * V, V, s);
+    }
+    final_token = best;
+  } else {
+    bool rejected = false;  // a child of u was tried and rejected
+    int64_t m = 0;          // committed residual updates (draft_probs) / zeroed tokens at u
+    float sum = 0.f;        // no draft_probs: sum of p'
+    int64_t nonzero = 0;    // no draft_probs: entries of p_u with mass
+    for (int64_t c = 1; c < n; ++c) {
+      if (parent_of(c) != u) continue;
+      const int64_t x = token_of(c);
+      const bool in_vocab = x >= 0;
+      const float uc = tree_accept_uniform(seed, offset, c);
+      const T* p_row = target + u * V;
+      bool accept;
+      if (draft != nullptr) {
+        const T* q_row = draft + u * V;
+        const float z_m = tree_normalizer(z, m);
+        accept = false;
+        if (in_vocab) {
+          const float q_x = to_float(q_row[x]);
+          accept = tree_accept_draft(uc, tree_residual(to_float(p_row[x]), q_x, z, m), z_m, q_x);
+        }
+        if (!accept) {
+          const float total = next_residual_sum(p_row, q_row, V, z, m, z_m, s);
+          if (total > 0.f) {
+            if (threadIdx.x == 0) z[m] = total;
+            ++m;
+            __syncthreads();
+          }
+        }
+      } else {
+        if (!rejected) row_sum_count(p_row, V, s, sum, nonzero);
+        const float p_x = in_vocab && !tree_excluded(x, zeroed, m) ? prob_mass(to_float(p_row[x])) : 0.f;
+        accept = in_vocab && tree_accept_onehot(uc, sum, p_x);
+        if (!accept && p_x > 0.f && nonzero - m > 1) {
+          if (threadIdx.x == 0) zeroed[m] = static_cast<int32_t>(x);
+          ++m;
+          sum -= p_x;
+          __syncthreads();
+        }
+      }
+      if (accept) {
+        if (threadIdx.x == 0) {
+          out_tokens[k] = x;
+          out_path[k + 1] = static_cast<int32_t>(c);
+        }
+        ++k;
+        u = c;
+        rejected = false;
+        m = 0;
+      } else {
+        rejected = true;
+      }
+    }
+    final_token = final_race(target + u * V, draft != nullptr ? draft + u * V : nullptr, V, z, zeroed, m, seed,
+                             offset, static_cast<uint32_t>(u), tree_final_purpose(rejected), s);
+  }
+
+  if (threadIdx.x == 0) {
+    out_tokens[k] = final_token;
+    p.num_accepted[b] = static_cast<int32_t>(k);
+  }
+  for (int64_t j = k + 1 + threadIdx.x; j < N; j += blockDim.x) {
+    out_tokens[j] = -1;
+    out_path[j] = -1;
+  }
+}
+
+int threads_for(int64_t vocab) {
+  int threads = 32;
+  while (threads < kMaxThreads && 4 * static_cast<int64_t>(threads) < vocab) threads *= 2;
+  return threads;
+}
+
+}  // namespace
+
+cudaError_t launch_tree_rejection_sample_cuda(const TreeVerifyParams& params, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(params.batch));
+  const dim3 block(threads_for(params.vocab));
+  const size_t smem = params.max_nodes <= kMaxStagedNodes ? 2 * sizeof(int32_t) * params.max_nodes : 0;
+  switch (params.dtype) {
+    case ProbDType::kFloat32: tree_verify_kernel<float><<<grid, block, smem, stream>>>(params); break;
+    case ProbDType::kFloat16: tree_verify_kernel<__half><<<grid, block, smem, stream>>>(params); break;
+    case ProbDType::kBFloat16: tree_verify_kernel<__nv_bfloat16><<<grid, block, smem, stream>>>(params); break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace specdec

@@ -1,0 +1,98 @@
+// Arithmetic of tree verification (DESIGN.md §5.3) shared by the CPU and CUDA
+// kernels (and re-expressed in triton_kernels/tree_verify.py and reference.py).
+// The acceptance test, residual element, race score and ArgMax come from
+// ../sampling/sampling_math.h; this header adds what trees need on top.
+// Plain C++17: no torch headers, compiles under g++ and nvcc.
+//
+// The walk. At node u with current distribution p' (starts as p_u) the children
+// of u are tried in index order (every child has a larger index than its
+// parent, so one forward scan c = 1 .. n-1 over the nodes visits them all):
+//   * with draft_probs: accept c iff u_c * q_u(x_c) < p'(x_c); on rejection
+//     p' <- max(p' - q_u, 0) / sum(...). p' is never materialized: after m
+//     committed updates with normalizers Z_1 .. Z_m (Z_0 = 1),
+//         r_0 = mass(p_u),  r_j = max(r_{j-1} / Z_{j-1} - mass(q_u), 0),  p' = r_m / Z_m,
+//     evaluated per vocab entry from p_u, q_u and the m scalars (tree_residual).
+//     An update whose sum is 0 (rounding) is not committed: p' stays as it was.
+//   * without draft_probs: p' = mass(p_u) with the rejected children's tokens
+//     zeroed, kept unnormalized with its running sum S (start: sum of p_u;
+//     each zeroed token subtracts its mass); accept c iff u_c * S < p'(x_c).
+//     Zeroing the last entry with mass is not committed either.
+//   * no child accepted (or a leaf): emit a token by an exponential race over
+//     p' (r_m with draft_probs: the race is scale invariant).
+// Random numbers (csrc/common/philox.h): the uniform for child c is at
+// position c - 1, purpose kPurposeAccept, index 0 (a chain-shaped tree uses
+// the numbers of rejection_sample); the final race at node u uses position u,
+// purpose kPurposeResidual if a child of u was rejected, else kPurposeBonus.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/macros.h"
+#include "../common/philox.h"
+#include "../sampling/sampling_math.h"
+
+namespace specdec {
+
+// Number of real nodes of a request, clamped into [1, N] (GPU safe behaviour;
+// the CPU op raises on values outside).
+SPECDEC_HD int64_t tree_num_nodes(const int64_t* num_nodes, int64_t b, int64_t max_nodes) {
+  if (num_nodes == nullptr) return max_nodes;
+  const int64_t n = num_nodes[b];
+  return n < 1 ? 1 : (n > max_nodes ? max_nodes : n);
+}
+
+// Parent of node c >= 1; a malformed entry (outside [0, c)) is the root (GPU safe
+// behaviour; the CPU op raises on it).
+SPECDEC_HD int64_t tree_parent(int64_t parent, int64_t c) { return parent >= 0 && parent < c ? parent : 0; }
+
+// Acceptance uniform for trying child c (c >= 1): the child's draft slot c - 1.
+SPECDEC_HD float tree_accept_uniform(uint64_t seed, uint64_t offset, int64_t c) {
+  return philox_uniform(seed, offset, static_cast<uint32_t>(c - 1), kPurposeAccept, 0);
+}
+
+// Purpose of the final race at a node: residual after a rejected child, bonus otherwise.
+SPECDEC_HD uint32_t tree_final_purpose(bool rejected_child) {
+  return rejected_child ? kPurposeResidual : kPurposeBonus;
+}
+
+// One residual update of an entry: max(r / z - mass(q), 0). With z = 1 and r =
+// mass(p) this is residual_mass(p, q) bit for bit.
+SPECDEC_HD float residual_step(float r, float z, float q) {
+  const float d = r / z - prob_mass(q);
+  return d > 0.f ? d : 0.f;
+}
+
+// r_m of one entry after m committed updates with normalizers z[0 .. m-1]
+// (= Z_1 .. Z_m; Z_0 = 1): the unnormalized current distribution p' * Z_m.
+SPECDEC_HD float tree_residual(float p, float q, const float* z, int64_t m) {
+  float r = prob_mass(p);
+  float prev = 1.f;
+  for (int64_t j = 0; j < m; ++j) {
+    r = residual_step(r, prev, q);
+    prev = z[j];
+  }
+  return r;
+}
+
+// The normalizer Z_m of the current distribution (1 before any update).
+SPECDEC_HD float tree_normalizer(const float* z, int64_t m) { return m > 0 ? z[m - 1] : 1.f; }
+
+// Mass of the next update r_{m+1} of one entry, given r_m and Z_m.
+SPECDEC_HD float tree_next_residual(float r_m, float z_m, float q) { return residual_step(r_m, z_m, q); }
+
+// Acceptance with draft_probs: u * q(x) < p'(x) = r_m(x) / Z_m.
+SPECDEC_HD bool tree_accept_draft(float u, float r_x, float z_m, float q_x) {
+  return u * prob_mass(q_x) < r_x / z_m;
+}
+
+// Acceptance without draft_probs: u * S < p'(x) (p' unnormalized, S its sum).
+SPECDEC_HD bool tree_accept_onehot(float u, float sum, float p_x) { return u * sum < p_x; }
+
+// Whether token x is among the n zeroed tokens.
+SPECDEC_HD bool tree_excluded(int64_t x, const int32_t* zeroed, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    if (zeroed[j] == x) return true;
+  return false;
+}
+
+}  // namespace specdec

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Everything on a fresh machine: venv, torch, build (every .cu compiled for
+# TORCH_CUDA_ARCH_LIST, default 8.0;9.0, when torch has CUDA and nvcc exists),
+# then the tests: pytest (Triton kernels under TRITON_INTERPRET=1 without a GPU,
+# CUDA tests skip) and the host-side C++ tests through ctest.
+set -euo pipefail
+# shellcheck source=scripts/setup_env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
+if python -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] \
+   && [ "${SPECDEC_NO_CUDA:-0}" = "0" ]; then
+  python -c "from specdec_ops import _ops; assert _ops.cuda_kernels_built(), 'the CUDA kernels were not built'"
+fi
+
+echo "== host-side C++ tests (ctest)"
+cmake -S "$ROOT" -B "$ROOT/build/ctest" -DSPECDEC_BUILD_LIBRARY=OFF > /dev/null
+cmake --build "$ROOT/build/ctest" -j "${MAX_JOBS:-2}" > /dev/null
+ctest --test-dir "$ROOT/build/ctest" --output-on-failure
+
+echo "== pytest"
+export TRITON_INTERPRET="${TRITON_INTERPRET:-$(python -c 'import torch; print(0 if torch.cuda.is_available() else 1)')}"
+python -m pytest -q -p no:cacheprovider "$ROOT/tests" "$@"

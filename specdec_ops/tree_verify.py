@@ -1,0 +1,219 @@
+"""Lossless tree verification: tree rejection sampling (DESIGN.md §5.3).
+
+Public function: :func:`tree_rejection_sample`. Fake impls for torch.compile
+and the Triton launcher live here too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _ops, reference
+from ._backend import resolve_backend, triton_interpreting
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_greedy, check_rank, check_shape,
+                      fail, first_bad, rng_inputs)
+from .types import TreeSampleOutput
+
+__all__ = ["tree_rejection_sample"]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _values_checked_here(device: torch.device, backend: str) -> bool:
+    # The C++ CPU kernel checks values itself (also under torch.compile); the
+    # reference and Triton backends get the same checks from Python, on CPU only.
+    return device.type == "cpu" and backend in ("reference", "triton") and not torch.compiler.is_compiling()
+
+
+def _check_values(tree_token_ids, parents, num_nodes, vocab):
+    """The CPU value checks of the C++ op, in Python (same messages)."""
+    batch, nodes = parents.shape
+    if num_nodes is not None:
+        bad = first_bad((num_nodes < 1) | (num_nodes > nodes))
+        if bad is not None:
+            fail(f"num_nodes[{bad[0]}] = {int(num_nodes[bad])} is outside [1, N = {nodes}]")
+        n = num_nodes.to(torch.int64)
+    else:
+        n = torch.full((batch,), nodes, dtype=torch.int64)
+    bad = first_bad(parents[:, 0] != -1)
+    if bad is not None:
+        fail(f"parents[{bad[0]}, 0] = {int(parents[bad[0], 0])} must be -1 (node 0 is the root)")
+    idx = torch.arange(nodes)
+    used = (idx >= 1) & (idx < n[:, None])
+    bad = first_bad(used & ((parents < 0) | (parents >= idx)))
+    if bad is not None:
+        b, i = bad
+        fail(f"parents[{b}, {i}] = {int(parents[b, i])} is malformed: a node's parent must be an earlier node, "
+             f"in [0, {i})")
+    bad = first_bad(used & ((tree_token_ids < 0) | (tree_token_ids >= vocab)))
+    if bad is not None:
+        b, i = bad
+        fail(f"tree_token_ids[{b}, {i}] = {int(tree_token_ids[b, i])} is outside the vocabulary [0, {vocab})")
+
+
+def tree_rejection_sample(
+    target_probs: torch.Tensor,
+    tree_token_ids: torch.Tensor,
+    parents: torch.Tensor,
+    num_nodes: torch.Tensor | None = None,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    greedy: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> TreeSampleOutput:
+    """Verify a draft token tree losslessly (multi-step speculative sampling).
+
+    Starting at the root (node 0) with p' = p_0: try the children of the current
+    node u in index order. With ``draft_probs`` (children drawn i.i.d. from q_u,
+    duplicates allowed) accept child c with token x iff ``u_c * q_u(x) < p'(x)``; on
+    rejection ``p' <- max(p' - q_u, 0)`` normalized. Without (deterministic,
+    distinct children, e.g. top-k) accept iff ``u_c * sum(p') < p'(x)``; on
+    rejection zero p'(x). On acceptance move to c with p' = p_c. When no child is
+    accepted (or u is a leaf) emit a token drawn from p' by an exponential race
+    and stop. An update that would leave p' without mass (rounding) is skipped.
+    Greedy requests follow the first child whose token is argmax p_u (first index
+    on ties) and otherwise emit argmax p_u. The emitted tokens are distributed
+    exactly as sampling from the target token by token. NaN or negative
+    probabilities count as zero mass; a p' without any mass emits token 0.
+
+    Parameters
+    ----------
+    target_probs : float32 | float16 | bfloat16 [B, N, V]
+        Row u is the target distribution after node u (the distribution of u's children).
+    tree_token_ids : int32 | int64 [B, N]
+        Token of each node; entry 0 (the root, the last committed token) is ignored.
+    parents : int32 | int64 [B, N]
+        parents[b, 0] = -1 and 0 <= parents[b, i] < i for 1 <= i < num_nodes[b];
+        entries of padding nodes are ignored (conventionally -1).
+    num_nodes : int32 | int64 [B], optional
+        Nodes per request, in [1, N], root included; nodes >= num_nodes[b] are
+        padding. None means N.
+    draft_probs : [B, N, V] of target_probs' dtype, optional
+        Row u is q_u, the distribution u's children were drawn from. None means
+        deterministic children (accept with probability p'(x) / sum(p')).
+    seeds, offsets : int64 [B], optional
+        Random numbers are a pure function of (seeds[b], offsets[b], position,
+        purpose, vocab index) (Philox4x32-10, identical on every backend). The
+        uniform for child c sits at position c - 1, so a chain-shaped tree gives
+        exactly :func:`rejection_sample`'s result for the same seeds (draft_probs;
+        without draft_probs when the rows sum to exactly 1). seeds=None draws one
+        per request from torch's default generator; offsets=None means 0.
+        Tensors, not ints, so a CUDA graph can replay with new values.
+    greedy : bool [B], optional
+        True: argmax verification for that request.
+    backend : None | "cuda" | "triton" | "cpu" | "reference"
+
+    Returns
+    -------
+    TreeSampleOutput(token_ids, accepted_path, num_accepted)
+        token_ids : int64 [B, N]: tokens of the accepted nodes a1 .. ak, then the
+        final (correction or bonus) token, then -1. accepted_path : int32 [B, N]:
+        0, a1, ..., ak, then -1; it feeds :func:`kv_commit` as is. num_accepted :
+        int32 [B]: k; request b emits k + 1 tokens.
+
+    On CPU, malformed parents, num_nodes outside [1, N] and child token ids
+    outside [0, V) raise ValueError naming the argument and the element. On the
+    GPU (no host sync) a malformed parent is treated as the root, a child token
+    outside [0, V) is rejected and num_nodes is clamped into [1, N]. The outputs
+    have fixed shapes (CUDA-graph safe); the CUDA kernel uses a [B, N] workspace.
+
+    Example
+    -------
+    >>> p = torch.softmax(torch.randn(1, 4, 100), -1)
+    >>> parents = torch.tensor([[-1, 0, 0, 1]])           # root -> {1, 2}, 1 -> {3}
+    >>> tokens = torch.tensor([[0, 17, 42, 5]])
+    >>> out = tree_rejection_sample(p, tokens, parents)
+    >>> out.accepted_path.shape, out.token_ids.shape
+    (torch.Size([1, 4]), torch.Size([1, 4]))
+    """
+    check_rank(target_probs, 3, "target_probs", "[B, N, V]")
+    batch, nodes, vocab = target_probs.shape
+    check_dtype(target_probs, PROB_DTYPES, "target_probs")
+    if nodes < 1:
+        fail(f"target_probs must have N >= 1 nodes (node 0 is the root), got shape {list(target_probs.shape)}")
+    if vocab == 0:
+        fail("target_probs must have a non-empty vocab dimension V")
+    device = target_probs.device
+    for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
+        check_shape(t, (batch, nodes), name, "[B, N]")
+        check_dtype(t, INDEX_DTYPES, name)
+        check_device(t, device, name, "target_probs")
+    if num_nodes is not None:
+        check_shape(num_nodes, (batch,), "num_nodes", "[B]")
+        check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
+        check_device(num_nodes, device, "num_nodes", "target_probs")
+    if draft_probs is not None:
+        check_shape(draft_probs, (batch, nodes, vocab), "draft_probs", "[B, N, V]")
+        if draft_probs.dtype != target_probs.dtype:
+            fail(f"draft_probs must have the dtype of target_probs ({target_probs.dtype}), got {draft_probs.dtype}")
+        check_device(draft_probs, device, "draft_probs", "target_probs")
+    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
+    greedy = check_greedy(greedy, batch, device, "target_probs")
+    backend = resolve_backend(backend, device, "tree_rejection_sample", native_op="tree_rejection_sample",
+                              triton_op="tree_rejection_sample_triton")
+
+    if _values_checked_here(device, backend):
+        _check_values(tree_token_ids, parents, num_nodes, vocab)
+
+    if backend == "reference":
+        return reference.tree_rejection_sample(target_probs, tree_token_ids, parents, num_nodes, draft_probs,
+                                               seeds=seeds, offsets=offsets, greedy=greedy)
+    op = (torch.ops.specdec.tree_rejection_sample if backend in ("cpu", "cuda")
+          else torch.ops.specdec.tree_rejection_sample_triton)
+    token_ids, accepted_path, num_accepted = op.default(target_probs, tree_token_ids, parents, num_nodes,
+                                                        draft_probs, seeds, offsets, greedy)
+    return TreeSampleOutput(token_ids, accepted_path, num_accepted)
+
+
+# ---------------------------------------------------------------------------------------------- fakes
+
+
+def _fake_outputs(target_probs):
+    batch, nodes = target_probs.shape[0], target_probs.shape[1]
+    return (target_probs.new_empty((batch, nodes), dtype=torch.int64),
+            target_probs.new_empty((batch, nodes), dtype=torch.int32),
+            target_probs.new_empty((batch,), dtype=torch.int32))
+
+
+def _fake_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, seeds, offsets, greedy):
+    torch._check(target_probs.dim() == 3, lambda: "target_probs must be 3-D [B, N, V]")
+    return _fake_outputs(target_probs)
+
+
+# ---------------------------------------------------------------------------------------------- triton
+
+
+def _triton_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, seeds, offsets, greedy):
+    from .triton_kernels.tree_verify import tree_verify_kernel
+
+    token_ids, accepted_path, num_accepted = _fake_outputs(target_probs)
+    batch, nodes, vocab = target_probs.shape
+    if batch == 0:
+        return token_ids, accepted_path, num_accepted
+    target = target_probs.contiguous()
+    has_draft = draft_probs is not None
+    # Per-request scratch of the node being tried: normalizers (draft_probs) or zeroed tokens.
+    normalizers = target.new_empty((batch * nodes if has_draft else 1,), dtype=torch.float32)
+    zeroed = target.new_empty((1 if has_draft else batch * nodes,), dtype=torch.int32)
+    block = min(_next_pow2(vocab), 8192 if triton_interpreting() else 1024)
+    tree_verify_kernel[(batch,)](
+        target, draft_probs.contiguous() if has_draft else target,
+        tree_token_ids.contiguous().to(torch.int64), parents.contiguous().to(torch.int64),
+        seeds if num_nodes is None else num_nodes.contiguous().to(torch.int64),
+        seeds.contiguous(), offsets.contiguous(), seeds if greedy is None else greedy.contiguous(),
+        normalizers, zeroed, token_ids, accepted_path, num_accepted,
+        nodes, vocab,
+        HAS_NUM_NODES=num_nodes is not None, HAS_DRAFT_PROBS=has_draft, HAS_GREEDY=greedy is not None,
+        BLOCK_N=_next_pow2(nodes), BLOCK=block,
+    )
+    return token_ids, accepted_path, num_accepted
+
+
+if _ops.native_loaded():
+    torch.library.register_fake("specdec::tree_rejection_sample")(_fake_tree)
+    torch.library.register_fake("specdec::tree_rejection_sample_triton")(_fake_tree)
+    torch.library.impl("specdec::tree_rejection_sample_triton", ("CPU", "CUDA"))(_triton_tree)

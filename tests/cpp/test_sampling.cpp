@@ -1,0 +1,101 @@
+// Host-side tests of the helpers the CPU and CUDA sampling kernels share
+// (csrc/common/philox.h, csrc/sampling/sampling_math.h). No torch needed.
+#include <cmath>
+#include <cstdint>
+
+#include "check.h"
+#include "common/philox.h"
+#include "sampling/rejection_params.h"
+#include "sampling/sampling_math.h"
+
+using namespace specdec;
+
+static void test_philox_known_answers() {
+  // Random123 known-answer vectors for Philox4x32-10.
+  const Philox4 zero = philox4x32_10(0, 0, 0, 0, 0, 0);
+  CHECK(zero.x[0] == 0x6627E8D5u && zero.x[1] == 0xE169C58Du && zero.x[2] == 0xBC57AC4Cu && zero.x[3] == 0x9B00DBD8u);
+  const uint32_t f = 0xFFFFFFFFu;
+  const Philox4 ones = philox4x32_10(f, f, f, f, f, f);
+  CHECK(ones.x[0] == 0x408F276Du && ones.x[1] == 0x41C83B0Eu && ones.x[2] == 0xA20BC7C6u && ones.x[3] == 0x6D5451FDu);
+}
+
+static void test_uniform_range_and_layout() {
+  CHECK(bits_to_uniform(0u) > 0.f);
+  CHECK(bits_to_uniform(0xFFFFFFFFu) < 1.f);
+  CHECK(bits_to_uniform(0u) == 5.9604644775390625e-08f);
+  // Index i uses word i % 4 of block i / 4.
+  const Philox4 block = philox_block(123, 456, 7, kPurposeResidual, 2);
+  for (uint32_t j = 0; j < 4; ++j)
+    CHECK(philox_uniform(123, 456, 7, kPurposeResidual, 8 + j) == bits_to_uniform(block.x[j]));
+  // Purposes and offsets give different streams.
+  CHECK(philox_uniform(1, 0, 0, kPurposeAccept, 0) != philox_uniform(1, 0, 0, kPurposeBonus, 0));
+  CHECK(philox_uniform(1, 0, 0, kPurposeAccept, 0) != philox_uniform(1, 1, 0, kPurposeAccept, 0));
+  CHECK(philox_uniform(1, 0, 0, kPurposeAccept, 0) != philox_uniform(1, uint64_t(1) << 32, 0, kPurposeAccept, 0));
+  double sum = 0;
+  for (uint32_t i = 0; i < 100000; ++i) sum += philox_uniform(9, 9, 1, kPurposeBonus, i);
+  CHECK(std::fabs(sum / 100000 - 0.5) < 0.01);
+}
+
+static void test_mass_and_acceptance() {
+  CHECK(prob_mass(NAN) == 0.f);
+  CHECK(prob_mass(-0.5f) == 0.f);
+  CHECK(prob_mass(0.25f) == 0.25f);
+  CHECK(accept_draft(0.5f, 0.3f, 0.5f));    // 0.25 < 0.3
+  CHECK(!accept_draft(0.7f, 0.3f, 0.5f));   // 0.35 >= 0.3
+  CHECK(!accept_draft(0.1f, 0.f, 1.f));     // p(x) = 0 never accepted
+  CHECK(!accept_draft(0.1f, NAN, 1.f));
+  CHECK(accept_draft(0.9f, 0.1f, 0.f));     // q(x) = 0 < p(x): always accepted
+  CHECK(residual_mass(0.5f, 0.2f) == 0.5f - 0.2f);
+  CHECK(residual_mass(0.2f, 0.5f) == 0.f);
+  CHECK(residual_mass(NAN, 0.5f) == 0.f);
+  CHECK(race_score(0.f, 1.f) == 0.f);
+  CHECK(race_score(1.f, 2.f) == 0.5f);
+  CHECK(exp_noise(0u) > 0.f && std::isfinite(exp_noise(0u)));
+  CHECK(exp_noise(0xFFFFFFFFu) > 0.f);
+}
+
+static void test_argmax_first_index_on_ties() {
+  ArgMax best = argmax_init();
+  argmax_update(best, 0.f, 5);
+  CHECK(best.index == 5);
+  argmax_update(best, 0.f, 3);
+  CHECK(best.index == 3);
+  argmax_update(best, 0.f, 4);
+  CHECK(best.index == 3);
+  argmax_update(best, 1.f, 9);
+  CHECK(best.index == 9);
+  CHECK(argmax_merge(ArgMax{1.f, 7}, ArgMax{1.f, 2}).index == 2);
+  CHECK(argmax_merge(ArgMax{2.f, 7}, ArgMax{1.f, 2}).index == 7);
+  CHECK(argmax_merge(argmax_init(), ArgMax{0.f, 0}).index == 0);
+}
+
+static void test_request_rows_clamp_bad_lengths() {
+  const int64_t cu[4] = {0, 2, 99, 1};  // malformed on purpose
+  RejectionParams p{};
+  p.lengths = cu;
+  p.batch = 3;
+  p.max_draft = 4;
+  p.num_draft_rows = 3;
+  p.packed = true;
+  for (int64_t b = 0; b < 3; ++b) {
+    const RequestRows r = request_rows(p, b);
+    CHECK(r.num_drafts >= 0 && r.num_drafts <= p.max_draft);
+    CHECK(r.draft_base >= 0 && r.draft_base + r.num_drafts <= p.num_draft_rows);
+    CHECK(r.target_base + r.num_drafts <= p.num_draft_rows + p.batch - 1);  // bonus row in range
+  }
+  const int64_t n[2] = {-3, 9};
+  p.lengths = n;
+  p.packed = false;
+  p.batch = 2;
+  CHECK(request_rows(p, 0).num_drafts == 0);
+  CHECK(request_rows(p, 1).num_drafts == 4);
+}
+
+int main() {
+  test_philox_known_answers();
+  test_uniform_range_and_layout();
+  test_mass_and_acceptance();
+  test_argmax_first_index_on_ties();
+  test_request_rows_clamp_bad_lengths();
+  TEST_MAIN_END();
+}

@@ -1,0 +1,572 @@
+"""Tree verification (DESIGN.md §5.3): every backend against reference.py, the
+statistics of the sampler, the chain special case, greedy, errors, opcheck and
+torch.compile.
+
+Statistical tests: chi-square goodness of fit at alpha = 1e-4 per tested node,
+30,000 draws (requests) per mode, fixed seeds.
+"""
+
+import pytest
+import torch
+from scipy import stats
+
+import specdec_ops
+from specdec_ops import reference
+from specdec_ops._checks import BackendUnavailableError
+
+ALPHA = 1e-4
+NUM_DRAWS = 30_000
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def full_tree(branching: int, depth: int) -> list[int]:
+    """Parents of a complete tree in breadth-first order (node 0 the root)."""
+    parents, level = [-1], [0]
+    for _ in range(depth):
+        nxt = []
+        for u in level:
+            for _ in range(branching):
+                parents.append(u)
+                nxt.append(len(parents) - 1)
+        level = nxt
+    return parents
+
+
+def random_parents(batch: int, nodes: int, gen: torch.Generator) -> torch.Tensor:
+    parents = torch.full((batch, nodes), -1, dtype=torch.int64)
+    for i in range(1, nodes):
+        parents[:, i] = torch.randint(0, i, (batch,), generator=gen)
+    return parents
+
+
+def rng(batch: int, gen: torch.Generator):
+    return (torch.randint(0, 2**62, (batch,), generator=gen),
+            torch.randint(0, 2**40, (batch,), generator=gen))
+
+
+def random_case(batch=6, nodes=9, vocab=37, *, draft=True, greedy=True, padded=True, seed=0, dtype=torch.float32,
+                sharp=2.0):
+    """Random trees, probabilities and drafts; children of some nodes carry argmax tokens so greedy walks go deep."""
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_parents(batch, nodes, gen)
+    p = torch.softmax(torch.randn(batch, nodes, vocab, generator=gen) * sharp, -1)
+    q = torch.softmax(torch.randn(batch, nodes, vocab, generator=gen), -1)
+    tokens = torch.randint(0, vocab, (batch, nodes), generator=gen)
+    lucky = torch.rand(batch, nodes, generator=gen) < 0.5
+    argmax_parent = torch.gather(p.argmax(-1), 1, parents.clamp(min=0))
+    tokens = torch.where(lucky, argmax_parent, tokens)
+    tokens[:, 0] = 0
+    num_nodes = torch.randint(1, nodes + 1, (batch,), generator=gen) if padded else None
+    if padded:
+        parents = torch.where(torch.arange(nodes) < num_nodes[:, None], parents, -1)
+    greedy_mask = torch.rand(batch, generator=gen) < 0.4 if greedy else None
+    seeds, offsets = rng(batch, gen)
+    return dict(target_probs=p.to(dtype), tree_token_ids=tokens, parents=parents, num_nodes=num_nodes,
+                draft_probs=q.to(dtype) if draft else None, seeds=seeds, offsets=offsets, greedy=greedy_mask)
+
+
+def run(case, backend, **overrides):
+    args = dict(case, **overrides)
+    return specdec_ops.tree_rejection_sample(
+        args["target_probs"], args["tree_token_ids"], args["parents"], args["num_nodes"], args["draft_probs"],
+        seeds=args["seeds"], offsets=args["offsets"], greedy=args["greedy"], backend=backend)
+
+
+def assert_same(a, b):
+    for name, x, y in zip(("token_ids", "accepted_path", "num_accepted"), a, b):
+        assert x.dtype == y.dtype, name
+        assert torch.equal(x, y), f"{name} differs:\n{x}\n{y}"
+
+
+def check_structure(out, parents, tree_tokens, vocab, num_nodes=None):
+    """accepted_path follows tree edges from the root, token_ids are its tokens then one final token, -1 after."""
+    batch, nodes = parents.shape
+    assert out.token_ids.dtype == torch.int64 and out.accepted_path.dtype == torch.int32
+    assert out.num_accepted.dtype == torch.int32
+    for b in range(batch):
+        k = int(out.num_accepted[b])
+        n = nodes if num_nodes is None else int(num_nodes[b])
+        path = out.accepted_path[b].tolist()
+        toks = out.token_ids[b].tolist()
+        assert 0 <= k < n
+        assert path[0] == 0
+        for j in range(k):
+            assert path[j + 1] < n and int(parents[b, path[j + 1]]) == path[j]
+            assert toks[j] == int(tree_tokens[b, path[j + 1]])
+        assert 0 <= toks[k] < vocab
+        assert all(v == -1 for v in path[k + 1:]) and all(v == -1 for v in toks[k + 1:])
+
+
+# ---------------------------------------------------------------------------------------------- agreement
+
+
+@pytest.mark.parametrize("draft", [True, False], ids=["draft_probs", "one_hot"])
+def test_backends_match_reference(cpu_backend, draft):
+    case = random_case(batch=6, nodes=9, vocab=37, draft=draft, seed=1)
+    want = run(case, "reference")
+    check_structure(want, case["parents"], case["tree_token_ids"], 37, case["num_nodes"])
+    assert_same(run(case, cpu_backend), want)
+
+
+@pytest.mark.parametrize("draft", [True, False], ids=["draft_probs", "one_hot"])
+def test_cpu_matches_reference_many_random_trees(draft):
+    case = random_case(batch=400, nodes=24, vocab=50, draft=draft, seed=2, sharp=3.0)
+    out = run(case, "cpu")
+    assert_same(out, run(case, "reference"))
+    check_structure(out, case["parents"], case["tree_token_ids"], 50, case["num_nodes"])
+    # the cases exercise deep paths, rejections and acceptances
+    assert int(out.num_accepted.max()) >= 3 and float(out.num_accepted.float().mean()) > 0.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs(dtype):
+    for draft in (True, False):
+        case = random_case(batch=40, nodes=10, vocab=33, draft=draft, seed=3, dtype=dtype)
+        assert_same(run(case, "cpu"), run(case, "reference"))
+
+
+def test_int32_index_inputs(cpu_backend):
+    case = random_case(batch=4, nodes=7, vocab=16, seed=4)
+    want = run(case, "reference")
+    got = run(case, cpu_backend, tree_token_ids=case["tree_token_ids"].int(), parents=case["parents"].int(),
+              num_nodes=case["num_nodes"].int())
+    assert_same(got, want)
+
+
+def test_nan_and_negative_probabilities_are_zero_mass(cpu_backend):
+    case = random_case(batch=6, nodes=7, vocab=16, seed=5, greedy=False)
+    p, q = case["target_probs"].clone(), case["draft_probs"].clone()
+    p[..., :4] = float("nan")
+    p[..., 4:8] = -1.0
+    q[..., :2] = float("nan")
+    for draft in (q, None):
+        out = run(case, cpu_backend, target_probs=p, draft_probs=draft)
+        assert_same(out, run(case, "reference", target_probs=p, draft_probs=draft))
+        emitted = out.token_ids[out.token_ids >= 0]
+        assert bool((emitted >= 8).all())
+
+
+def test_root_only_and_num_nodes_one(cpu_backend):
+    case = random_case(batch=5, nodes=6, vocab=20, seed=6, padded=False)
+    ones = torch.ones(5, dtype=torch.int64)
+    out = run(case, cpu_backend, num_nodes=ones)
+    assert_same(out, run(case, "reference", num_nodes=ones))
+    assert out.num_accepted.tolist() == [0] * 5 and out.accepted_path[:, 1:].eq(-1).all()
+    # N = 1: the bonus token of the root row, as rejection_sample with K = 0 draws it
+    single = {k: (v[:, :1] if k in ("target_probs", "tree_token_ids", "parents", "draft_probs") and v is not None
+                  else v) for k, v in case.items()}
+    single["num_nodes"] = None
+    out = run(single, cpu_backend)
+    chain = specdec_ops.rejection_sample(single["target_probs"], torch.zeros(5, 0, dtype=torch.int64),
+                                         torch.zeros(5, dtype=torch.int64), seeds=case["seeds"],
+                                         offsets=case["offsets"], greedy=case["greedy"], backend=cpu_backend)
+    assert torch.equal(out.token_ids, chain.token_ids) and out.num_accepted.eq(0).all()
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def _statistical_case(draft: bool, seed: int):
+    """NUM_DRAWS requests on one fixed tree (branching 3, depth 3, 40 nodes) over V = 6.
+
+    p_u and q_u are fixed per node, with exact zeros in p; with draft_probs the
+    children's tokens are drawn i.i.d. from q of their parent per request, without
+    they are 3 fixed distinct tokens per node (the same in every request, so a bias
+    towards or against a child's token is not averaged away).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    parents1 = torch.tensor(full_tree(3, 3))
+    nodes, vocab = parents1.numel(), 6
+    p1 = torch.rand(nodes, vocab, generator=gen) + 0.3
+    p1[torch.rand(nodes, vocab, generator=gen) < 0.2] = 0.0   # tokens of zero probability
+    p1[:, 0] = p1[:, 0].clamp(min=0.3)                          # every row keeps mass
+    p1 /= p1.sum(-1, keepdim=True)
+    q1 = torch.softmax(torch.randn(nodes, vocab, generator=gen), -1)
+    batch = NUM_DRAWS
+    parents = parents1.repeat(batch, 1)
+    if draft:
+        # child c drawn from q of its parent
+        picks = torch.multinomial(q1[parents1[1:]], batch, replacement=True, generator=gen)  # [N-1, B]
+        tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.int64), picks.T], 1)
+    else:
+        tokens1 = torch.zeros(nodes, dtype=torch.int64)
+        for u in range(nodes):
+            children = [c for c in range(1, nodes) if int(parents1[c]) == u]
+            if children:
+                tokens1[children] = torch.randperm(vocab, generator=gen)[: len(children)]
+        tokens = tokens1.repeat(batch, 1)
+    seeds, offsets = rng(batch, gen)
+    return dict(target_probs=p1.expand(batch, -1, -1).contiguous(), tree_token_ids=tokens, parents=parents,
+                num_nodes=None, draft_probs=q1.expand(batch, -1, -1).contiguous() if draft else None,
+                seeds=seeds, offsets=offsets, greedy=None), p1
+
+
+@pytest.mark.parametrize("draft", [True, False], ids=["draft_probs", "one_hot"])
+def test_chi_square_every_node_emits_its_target_distribution(draft):
+    """For every node u, the token emitted after u (the accepted child's token or the final
+    token) is distributed as p_u given that the path reaches u. alpha = 1e-4 per node,
+    30,000 draws; nodes reached fewer than 300 times are not tested (expected counts >= 5)."""
+    case, p1 = _statistical_case(draft, seed=10 + draft)
+    out = run(case, "cpu")
+    assert_same(out, run(case, "reference"))   # the vectorized reference agrees at scale
+    nodes, vocab = p1.shape
+    path, toks = out.accepted_path.long(), out.token_ids
+    reached = path >= 0
+    tested = 0
+    for u in range(nodes):
+        at_u = reached & (path == u)                  # position j of u on the path; token j follows u
+        emitted = toks[at_u]
+        if emitted.numel() < 300:
+            continue
+        counts = torch.bincount(emitted, minlength=vocab).double()
+        support = p1[u] > 0
+        assert counts[~support].sum() == 0, f"node {u} emitted a token of zero probability"
+        expected = p1[u][support].double() * emitted.numel()
+        assert float(expected.min()) >= 5
+        pvalue = stats.chisquare(counts[support].numpy(), expected.numpy() * counts[support].sum().item()
+                                 / expected.sum().item()).pvalue
+        assert pvalue > ALPHA, f"node {u}: chi-square p = {pvalue:.2e} ({counts.tolist()} vs {p1[u].tolist()})"
+        tested += 1
+    assert tested >= 10   # root, its 3 children and most of depth 2 at least
+    # acceptance actually happens at every depth
+    assert int(out.num_accepted.max()) == 3
+
+
+# ---------------------------------------------------------------------------------------------- greedy
+
+
+def argmax_walk(p, tokens, parents, n):
+    """A plain greedy walk: follow the first child whose token is argmax p_u, else emit argmax p_u."""
+    u, path, out = 0, [0], []
+    while True:
+        best = int(torch.argmax(reference.prob_mass(p[u])))
+        nxt = next((c for c in range(u + 1, n) if int(parents[c]) == u and int(tokens[c]) == best), None)
+        out.append(best)
+        if nxt is None:
+            return path, out
+        path.append(nxt)
+        u = nxt
+
+
+def test_greedy_is_argmax_walk(cpu_backend):
+    case = random_case(batch=6, nodes=10, vocab=24, seed=7)
+    case["greedy"] = torch.ones(6, dtype=torch.bool)
+    # duplicate argmax children: the first one in index order must win
+    case["tree_token_ids"][:, 2] = case["tree_token_ids"][:, 1]
+    case["parents"][:, 2] = case["parents"][:, 1]
+    out = run(case, cpu_backend)
+    for b in range(6):
+        n = int(case["num_nodes"][b])
+        path, toks = argmax_walk(case["target_probs"][b], case["tree_token_ids"][b], case["parents"][b], n)
+        k = len(path) - 1
+        assert out.accepted_path[b, : k + 1].tolist() == path and int(out.num_accepted[b]) == k
+        assert out.token_ids[b, : k + 1].tolist() == toks
+    assert int(out.num_accepted.max()) >= 2
+
+
+def test_mixed_greedy_and_sampled_batch(cpu_backend):
+    case = random_case(batch=8, nodes=8, vocab=20, seed=8)
+    mask = torch.tensor([True, False, True, False, False, True, False, True])
+    mixed = run(case, cpu_backend, greedy=mask)
+    all_greedy = run(case, cpu_backend, greedy=torch.ones(8, dtype=torch.bool))
+    sampled = run(case, cpu_backend, greedy=None)
+    for got, want in ((mixed, all_greedy), (mixed, sampled)):
+        rows = mask if want is all_greedy else ~mask
+        for x, y in zip(got, want):
+            assert torch.equal(x[rows], y[rows])
+
+
+# ---------------------------------------------------------------------------------------------- randomness
+
+
+def test_batch_permutation_and_running_alone(cpu_backend):
+    case = random_case(batch=6, nodes=8, vocab=20, seed=9)
+    out = run(case, cpu_backend)
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    permuted = {k: (v[perm] if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    assert_same(run(permuted, cpu_backend), tuple(t[perm] for t in out))
+    b = 4
+    alone = {k: (v[b: b + 1] if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    assert_same(run(alone, cpu_backend), tuple(t[b: b + 1] for t in out))
+
+
+def test_seeds_and_offsets_drive_the_randomness():
+    case = random_case(batch=200, nodes=8, vocab=20, seed=11, greedy=False)
+    base = run(case, "cpu")
+    assert_same(run(case, "cpu"), base)                                   # deterministic
+    moved = run(case, "cpu", offsets=case["offsets"] + 1)
+    assert not torch.equal(moved.token_ids, base.token_ids)              # fresh numbers per step
+    torch.manual_seed(0)
+    drawn = run(case, "cpu", seeds=None, offsets=None)                    # seeds from torch's generator
+    check_structure(drawn, case["parents"], case["tree_token_ids"], 20, case["num_nodes"])
+
+
+# ---------------------------------------------------------------------------------------------- chain case
+
+
+def _chain_case(batch, k, vocab, seed, dyadic):
+    gen = torch.Generator().manual_seed(seed)
+    if dyadic:   # rows of multiples of 1/256 that sum to exactly 1 in any order
+        w = torch.randint(0, 8, (batch, k + 1, vocab), generator=gen).float()
+        w[..., 0] += 1
+        units = (w / w.sum(-1, keepdim=True) * 256).floor()
+        units[..., 0] += 256 - units.sum(-1)
+        p = units / 256
+    else:
+        p = torch.softmax(torch.randn(batch, k + 1, vocab, generator=gen) * 2, -1)
+    q = torch.softmax(torch.randn(batch, k + 1, vocab, generator=gen), -1)
+    drafts = torch.randint(0, vocab, (batch, k), generator=gen)
+    lucky = torch.rand(batch, k, generator=gen) < 0.5
+    drafts = torch.where(lucky, p[:, :k].argmax(-1), drafts)
+    n = torch.randint(0, k + 1, (batch,), generator=gen)
+    greedy = torch.rand(batch, generator=gen) < 0.3
+    seeds, offsets = rng(batch, gen)
+    return p, q, drafts, n, greedy, seeds, offsets
+
+
+@pytest.mark.parametrize("draft", [True, False], ids=["draft_probs", "one_hot"])
+def test_chain_shaped_tree_equals_rejection_sample(cpu_backend, draft):
+    """Node k+1 is the child of node k: the tree op reproduces rejection_sample exactly (one-hot:
+    with rows summing to exactly 1, where u * sum(p') < p'(x) is the chain's u < p(x))."""
+    batch = 6 if cpu_backend == "triton" else 300
+    k, vocab = 4, 24
+    p, q, drafts, n, greedy, seeds, offsets = _chain_case(batch, k, vocab, seed=12, dyadic=not draft)
+    chain = specdec_ops.rejection_sample(p, drafts, n, q[:, :k] if draft else None, seeds=seeds, offsets=offsets,
+                                         greedy=greedy, backend=cpu_backend)
+    parents = torch.arange(-1, k).repeat(batch, 1)
+    parents = torch.where(torch.arange(k + 1) <= n[:, None], parents, -1)
+    tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.int64), drafts], 1)
+    tree = specdec_ops.tree_rejection_sample(p, tokens, parents, n + 1, q if draft else None, seeds=seeds,
+                                             offsets=offsets, greedy=greedy, backend=cpu_backend)
+    assert torch.equal(tree.token_ids, chain.token_ids)
+    assert torch.equal(tree.num_accepted, chain.num_accepted)
+    expected_path = torch.where(torch.arange(k + 1) <= chain.num_accepted[:, None], torch.arange(k + 1), -1)
+    assert torch.equal(tree.accepted_path, expected_path.int())
+    if batch > 100:
+        assert 0 < int(chain.num_accepted.sum()) < int(n.sum())
+
+
+# ---------------------------------------------------------------------------------------------- GPU-safe values
+
+
+def test_bad_values_get_the_gpu_behaviour_in_triton_and_reference():
+    """Called as ops (no CPU value checks), Triton follows the documented GPU behaviour of the
+    reference: a malformed parent is the root, a token outside [0, V) is rejected, num_nodes is
+    clamped into [1, N]."""
+    pytest.importorskip("triton")
+    case = random_case(batch=4, nodes=6, vocab=16, seed=13, padded=False, greedy=False)
+    case["parents"][0, 3] = 5          # later node
+    case["parents"][1, 2] = -7         # negative
+    case["parents"][2, 0] = 3          # root entry ignored
+    case["tree_token_ids"][1, 1] = 16  # outside the vocabulary
+    case["tree_token_ids"][3, 2] = -2
+    case["num_nodes"] = torch.tensor([0, 6, 99, 4])
+    fixed = dict(case, parents=case["parents"].clone(), num_nodes=torch.tensor([1, 6, 6, 4]))
+    fixed["parents"][0, 3] = 0
+    fixed["parents"][1, 2] = 0
+    want = reference.tree_rejection_sample(*(fixed[k] for k in ("target_probs", "tree_token_ids", "parents",
+                                                                 "num_nodes", "draft_probs")),
+                                           seeds=case["seeds"], offsets=case["offsets"])
+    for draft in (case["draft_probs"], None):
+        args = (case["target_probs"], case["tree_token_ids"], case["parents"], case["num_nodes"], draft,
+                case["seeds"], case["offsets"], None)
+        ref = reference.tree_rejection_sample(*args[:5], seeds=case["seeds"], offsets=case["offsets"])
+        assert_same(torch.ops.specdec.tree_rejection_sample_triton(*args), ref)
+        emitted = ref.token_ids[ref.token_ids >= 0]
+        assert bool(((emitted >= 0) & (emitted < 16)).all())
+        if draft is not None:
+            assert_same(ref, want)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def _valid(batch=2, nodes=4, vocab=8):
+    return random_case(batch=batch, nodes=nodes, vocab=vocab, seed=14)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("target_probs", torch.rand(2, 4), "target_probs"),
+    ("target_probs", torch.rand(2, 4, 8, dtype=torch.float64), "target_probs"),
+    ("target_probs", torch.rand(2, 0, 8), "target_probs"),
+    ("target_probs", torch.rand(2, 4, 0), "target_probs"),
+    ("tree_token_ids", torch.zeros(2, 5, dtype=torch.int64), "tree_token_ids"),
+    ("tree_token_ids", torch.zeros(2, 4), "tree_token_ids"),
+    ("parents", torch.zeros(2, 3, dtype=torch.int64), "parents"),
+    ("parents", torch.zeros(4, dtype=torch.int64), "parents"),
+    ("parents", torch.zeros(2, 4, dtype=torch.int16), "parents"),
+    ("num_nodes", torch.ones(3, dtype=torch.int64), "num_nodes"),
+    ("num_nodes", torch.ones(2), "num_nodes"),
+    ("draft_probs", torch.rand(2, 4, 7), "draft_probs"),
+    ("draft_probs", torch.rand(2, 4, 8, dtype=torch.float16), "draft_probs"),
+    ("seeds", torch.zeros(3, dtype=torch.int64), "seeds"),
+    ("seeds", torch.zeros(2, dtype=torch.int32), "seeds"),
+    ("offsets", torch.zeros(2, 1, dtype=torch.int64), "offsets"),
+    ("greedy", torch.zeros(2, dtype=torch.int64), "greedy"),
+    ("greedy", torch.zeros(3, dtype=torch.bool), "greedy"),
+])
+def test_bad_arguments_raise_naming_them(cpu_backend, field, value, match):
+    case = _valid()
+    with pytest.raises(ValueError, match=match):
+        run(case, cpu_backend, **{field: value})
+
+
+@pytest.mark.parametrize("where,match", [
+    ("root", r"parents\[1, 0\]"),
+    ("later", r"parents\[1, 2\]"),
+    ("self", r"parents\[0, 3\]"),
+    ("negative", r"parents\[1, 1\]"),
+    ("token_high", r"tree_token_ids\[0, 2\]"),
+    ("token_negative", r"tree_token_ids\[1, 3\]"),
+    ("num_nodes_zero", r"num_nodes\[0\]"),
+    ("num_nodes_high", r"num_nodes\[1\]"),
+])
+def test_bad_values_raise_value_error_on_cpu(cpu_backend, where, match):
+    case = _valid()
+    case["num_nodes"] = torch.tensor([4, 4])
+    case["parents"] = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 1]])
+    par, tok, nn = case["parents"], case["tree_token_ids"], case["num_nodes"]
+    if where == "root":
+        par[1, 0] = 0
+    elif where == "later":
+        par[1, 2] = 3
+    elif where == "self":
+        par[0, 3] = 3
+    elif where == "negative":
+        par[1, 1] = -1
+    elif where == "token_high":
+        tok[0, 2] = 8
+    elif where == "token_negative":
+        tok[1, 3] = -1
+    elif where == "num_nodes_zero":
+        nn[0] = 0
+    else:
+        nn[1] = 5
+    with pytest.raises(ValueError, match=match):
+        run(case, cpu_backend)
+
+
+def test_padding_nodes_are_not_checked(cpu_backend):
+    case = _valid()
+    case["num_nodes"] = torch.tensor([2, 3])
+    case["parents"] = torch.tensor([[-1, 0, 9, -5], [-1, 0, 1, 7]])
+    case["tree_token_ids"] = torch.tensor([[0, 1, 99, -3], [5, 2, 3, 1000]])
+    assert_same(run(case, cpu_backend), run(case, "reference"))
+
+
+def test_unknown_or_unavailable_backend():
+    case = _valid()
+    with pytest.raises(ValueError, match="backend"):
+        run(case, "tpu")
+    with pytest.raises(BackendUnavailableError):
+        run(case, "cuda")
+
+
+# ---------------------------------------------------------------------------------------------- op surface
+
+
+def _op_args(case):
+    return (case["target_probs"], case["tree_token_ids"], case["parents"], case["num_nodes"],
+            case["draft_probs"], case["seeds"], case["offsets"], case["greedy"])
+
+
+@pytest.mark.parametrize("op_name", ["tree_rejection_sample", "tree_rejection_sample_triton"])
+def test_opcheck(op_name):
+    if op_name.endswith("triton"):
+        pytest.importorskip("triton")
+    op = getattr(torch.ops.specdec, op_name).default
+    for draft in (True, False):
+        case = random_case(batch=2, nodes=4, vocab=8, draft=draft, seed=15)
+        torch.library.opcheck(op, _op_args(case))
+        full = random_case(batch=2, nodes=4, vocab=8, draft=draft, seed=15, padded=False, greedy=False)
+        torch.library.opcheck(op, _op_args(full))
+
+
+def test_torch_compile_fullgraph_cpu():
+    case = random_case(batch=4, nodes=7, vocab=16, seed=16)
+
+    def step(p, tokens, parents, num_nodes, q, seeds, offsets, greedy):
+        out = specdec_ops.tree_rejection_sample(p, tokens, parents, num_nodes, q, seeds=seeds, offsets=offsets,
+                                                greedy=greedy)
+        return out.token_ids, out.accepted_path, out.num_accepted
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    assert_same(compiled(*_op_args(case)), run(case, "cpu"))
+    compiled_inductor = torch.compile(step, fullgraph=True)
+    assert_same(compiled_inductor(*_op_args(case)), run(case, "cpu"))
+
+
+# ---------------------------------------------------------------------------------------------- CUDA
+
+
+def _to_cuda(case):
+    return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("draft", [True, False], ids=["draft_probs", "one_hot"])
+def test_gpu_backends_match_reference(backend, draft):
+    for vocab, nodes in ((37, 9), (8193, 24), (128256, 16)):
+        case = random_case(batch=32, nodes=nodes, vocab=vocab, draft=draft, seed=17)
+        gpu = run(_to_cuda(case), backend)
+        assert gpu.token_ids.is_cuda
+        assert_same(tuple(t.cpu() for t in gpu), run(case, "cpu"))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_half_precision(dtype):
+    case = random_case(batch=32, nodes=16, vocab=4099, seed=18, dtype=dtype)
+    assert_same(tuple(t.cpu() for t in run(_to_cuda(case), "cuda")), run(case, "cpu"))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_gpu_bad_values_are_safe(backend):
+    case = random_case(batch=4, nodes=6, vocab=16, seed=13, padded=False, greedy=False)
+    case["parents"][0, 3] = 5
+    case["parents"][1, 2] = -7
+    case["tree_token_ids"][1, 1] = 16
+    case["tree_token_ids"][3, 2] = -2
+    case["num_nodes"] = torch.tensor([0, 6, 99, 4])
+    for draft in (case["draft_probs"], None):
+        args = _op_args(dict(case, draft_probs=draft))
+        ref = reference.tree_rejection_sample(*args[:5], seeds=case["seeds"], offsets=case["offsets"])
+        op = torch.ops.specdec.tree_rejection_sample if backend == "cuda" else \
+            torch.ops.specdec.tree_rejection_sample_triton
+        got = op(*(a.cuda() if isinstance(a, torch.Tensor) else a for a in args))
+        torch.cuda.synchronize()
+        assert_same(tuple(t.cpu() for t in got), ref)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay_with_new_offsets():
+    case = _to_cuda(random_case(batch=8, nodes=16, vocab=1000, seed=19))
+    run(case, "cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(case, "cuda")
+    case["offsets"].add_(1)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = run({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}, "cpu")
+    assert_same(tuple(t.cpu() for t in out), want)
+
+
+def test_triton_kernel_compiles_for_sm90_without_a_gpu():
+    """The interpreter does not run Triton's code generator: compile the kernel's variants to sm_90
+    ahead of time, so what only the real compiler rejects fails here."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, os.path.join(here, "aot_tree_verify_kernel.py")], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
