@@ -723,8 +723,10 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
     block_d = max(16, _next_pow2(d))
     block_n = 64 if block_d <= 128 else 32
     block_m = min(64, max(16, _next_pow2(n * group)))
-    if q.dtype == torch.float32 and block_d >= 256:  # keep fp32 tiles inside shared memory
+    if q.dtype == torch.float32 and block_d >= 256:  # keep fp32 tiles well inside shared memory
         block_m, block_n = min(block_m, 32), 16
+    elif q.dtype == torch.float32 and block_d >= 128:
+        block_n = 32
     m_tiles = -(-(n * group) // block_m)
     splits = 1 if skip_prefix else _num_splits(m_tiles * batch * hk, capacity, q.device)
     chunk = -(-max(capacity, 1) // splits)
@@ -742,10 +744,10 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
         so, sl = out_buf.stride(), lse_buf.stride()
     tree_attention_kernel[(m_tiles, batch * hk, splits)](
         q, k_cache, v_cache, prefix, mask_c, table, out_buf, lse_buf,
-        sm_scale * 1.4426950408889634, n, mask_c.shape[2], group, hk, capacity, chunk,
+        sm_scale * 1.4426950408889634, n, mask_c.shape[2], group, hk, capacity, chunk, splits,
         k_cache.shape[0], k_cache.shape[1] if paged else 1, table.stride(0) if paged else 0, d,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *so, *sl,
-        PAGED=paged, SKIP_PREFIX=skip_prefix, NUM_SPLITS=splits,
+        PAGED=paged, SKIP_PREFIX=skip_prefix,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32,
         num_warps=4 if block_d <= 128 else 8, num_stages=2,

@@ -397,49 +397,20 @@ def test_cuda_paged_and_merge_and_graph_capture():
 
 # ---------------------------------------------------------------------------------------------- codegen
 
-_AOT_SCRIPT = r'''
-import importlib.util, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-spec = importlib.util.spec_from_file_location("tree_kernels", sys.argv[1])
-mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mod)
-target = GPUTarget("cuda", 90, 32)
-
-def build(fn, types, const, **options):
-    names = fn.arg_names
-    sig = {n: "constexpr" if n in const else types.get(n, "i64" if n.startswith("stride") else "i32") for n in names}
-    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()})
-    triton.compile(src, target=target, options=options)
-
-build(mod.tree_attention_kernel,
-      dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", prefix_lens_ptr="*i64", mask_ptr="*i64",
-           table_ptr="*i64", out_ptr="*fp32", lse_ptr="*fp32", qk_scale="fp32"),
-      dict(PAGED=True, SKIP_PREFIX=False, NUM_SPLITS=2, BLOCK_M=16, BLOCK_N=64, BLOCK_D=64, IEEE=False),
-      num_warps=4, num_stages=2)
-build(mod.combine_splits_kernel, dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr="*bf16",
-      lse_ptr="*fp32"), dict(BLOCK_S=2, BLOCK_D=64), num_warps=4)
-build(mod.merge_states_kernel, dict(out_a_ptr="*fp16", lse_a_ptr="*fp32", out_b_ptr="*fp16", lse_b_ptr="*fp32",
-      out_ptr="*fp16", lse_ptr="*fp32"), dict(BLOCK_D=64), num_warps=4)
-print("compiled")
-'''
 
 
 @pytest.mark.skipif("triton" not in CPU_BACKENDS or torch.cuda.is_available(),
                     reason="triton not installed, or a GPU compiles the kernels for real in the CUDA tests")
-def test_triton_kernels_compile_for_sm90_without_a_gpu(tmp_path):
+def test_triton_kernels_compile_for_sm90_without_a_gpu():
     """The interpreter does not run Triton's code generator: compile to sm_90 ahead of time to catch
     what only the real compiler rejects (e.g. non-constexpr globals, dtype mismatches in loops)."""
     import os
     import subprocess
     import sys
 
-    script = tmp_path / "aot.py"
-    script.write_text(_AOT_SCRIPT)
-    kernels = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "triton_kernels",
-                           "tree_attention.py")
+    here = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(script), kernels], env=env, capture_output=True, text=True,
-                            timeout=300)
+    env["PYTHONPATH"] = os.path.dirname(here) + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run([sys.executable, os.path.join(here, "aot_tree_attention_kernel.py")], env=env,
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
