@@ -379,3 +379,87 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     wb = torch.where(finite, torch.exp(lb - safe), 0.0)[..., None]
     out = torch.where(wa > 0, wa * out_a.float(), 0.0) + torch.where(wb > 0, wb * out_b.float(), 0.0)
     return out.to(out_a.dtype), lse
+
+
+# ---------------------------------------------------------------------------------------------- KV commit
+
+
+_BITS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def kv_path_scan(seq_len: int, path: list[int], capacity: int, block_row: list[int] | None = None,
+                 block_size: int = 1, num_blocks: int = 0) -> tuple[int, int | None, str | None]:
+    """(m, bad_index, reason) for one request's path (csrc/kv/kv_math.h, kv_scan_path).
+
+    m is the number of leading valid entries: entry 0 must be 0, later entries
+    strictly increase, and slots seq_len + a_i and seq_len + i must exist (below
+    `capacity`; paged: their block ids in [0, num_blocks)). A negative entry after
+    the root starts the -1 padding. bad_index / reason name the first bad entry
+    (None, None for a well-formed path); the GPU kernels just stop there.
+    """
+    if seq_len < 0:
+        return 0, 0, "follows a negative seq_lens entry"
+    paged = block_row is not None
+    where = "outside the request's blocks" if paged else "outside the cache"
+
+    def slot_ok(pos: int) -> bool:
+        if pos < 0 or pos >= capacity:
+            return False
+        return not paged or 0 <= block_row[pos // block_size] < num_blocks
+
+    prev = -1
+    for i, a in enumerate(path):
+        if i == 0 and a != 0:
+            return 0, 0, "must be 0 (the root)"
+        if i > 0 and a < 0:
+            later = [j for j in range(i + 1, len(path)) if path[j] >= 0]
+            if later:
+                return i, later[0], "follows the -1 padding (negative entries may only end a path)"
+            return i, None, None
+        if i > 0 and a <= prev:
+            return i, i, f"is not greater than the entry before it ({prev}): a path must be strictly increasing"
+        if a >= capacity or not slot_ok(seq_len + a) or not slot_ok(seq_len + i):
+            return i, i, f"reaches slot {seq_len + a} {where}"
+        prev = a
+    return len(path), None, None
+
+
+def kv_commit(caches, seq_lens, accepted_path, *, block_table=None) -> None:
+    """In-place KV commit as the out-of-place gather (DESIGN.md §5.5).
+
+    For every cache and request b with the valid path prefix a_0..a_{m-1}: slots
+    seq_lens[b] + i (i < m) receive the OLD contents of slots seq_lens[b] + a_i
+    (gathered into a copy first, then written), then seq_lens[b] += m. Malformed
+    entries end the path (what the GPU kernels do; the wrappers raise on CPU).
+    """
+    caches = list(caches)
+    batch = seq_lens.shape[0]
+    paged = block_table is not None and len(caches) > 0
+    if paged:
+        num_blocks, block_size = caches[0].shape[0], caches[0].shape[1]
+        capacity = block_table.shape[1] * block_size
+        table = block_table.tolist()
+    else:
+        num_blocks, block_size = 0, 1
+        capacity = caches[0].shape[1] if caches else 1 << 62
+    lens = seq_lens.tolist()
+    paths = accepted_path.tolist()
+    for b in range(batch):
+        m, _, _ = kv_path_scan(lens[b], paths[b], capacity, table[b] if paged else None, block_size, num_blocks)
+        src = [lens[b] + a for a in paths[b][:m]]
+        dst = [lens[b] + i for i in range(m)]
+        for cache in caches:
+            if cache.numel() == 0:
+                continue
+            cache = cache.view(_BITS_OF_SIZE[cache.element_size()])  # bit-exact moves, any dtype
+            if paged:
+                blocks_src = torch.tensor([table[b][p // block_size] for p in src], dtype=torch.int64)
+                offs_src = torch.tensor([p % block_size for p in src], dtype=torch.int64)
+                blocks_dst = torch.tensor([table[b][p // block_size] for p in dst], dtype=torch.int64)
+                offs_dst = torch.tensor([p % block_size for p in dst], dtype=torch.int64)
+                gathered = cache[blocks_src.to(cache.device), offs_src.to(cache.device)].clone()
+                cache[blocks_dst.to(cache.device), offs_dst.to(cache.device)] = gathered
+            else:
+                gathered = cache[b, torch.tensor(src, dtype=torch.int64, device=cache.device)].clone()
+                cache[b, torch.tensor(dst, dtype=torch.int64, device=cache.device)] = gathered
+        seq_lens[b] += m

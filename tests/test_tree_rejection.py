@@ -402,7 +402,7 @@ def _valid(batch=2, nodes=4, vocab=8):
     ("draft_probs", torch.rand(2, 4, 7), "draft_probs"),
     ("draft_probs", torch.rand(2, 4, 8, dtype=torch.float16), "draft_probs"),
     ("seeds", torch.zeros(3, dtype=torch.int64), "seeds"),
-    ("seeds", torch.zeros(2, dtype=torch.int32), "seeds"),
+    ("seeds", torch.zeros(2, dtype=torch.float32), "seeds"),
     ("offsets", torch.zeros(2, 1, dtype=torch.int64), "offsets"),
     ("greedy", torch.zeros(2, dtype=torch.int64), "greedy"),
     ("greedy", torch.zeros(3, dtype=torch.bool), "greedy"),

@@ -1,0 +1,323 @@
+"""In-place KV commit (pointer rollback) after verification (DESIGN.md §5.5).
+
+Public functions: :func:`kv_commit` (move the accepted path's K/V entries into
+consecutive slots in every cache and advance ``seq_lens``) and
+:func:`kv_rollback` (advance ``seq_lens`` over a chain of accepted tokens, which
+moves nothing: the same op with an identity path). Fake impls for torch.compile
+and the Triton launcher live here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from . import _ops, reference
+from ._backend import resolve_backend
+from ._checks import (INDEX_DTYPES, SpecDecArgumentError, check_device, check_dtype, check_rank, check_shape,
+                      check_tensor, fail)
+
+__all__ = ["kv_commit", "kv_rollback"]
+
+KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.float8_e4m3fn,
+             torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+_KV_DTYPE_SET = frozenset(KV_DTYPES)
+_UNBOUNDED = 1 << 62  # slots per request when no cache bounds them
+_BITS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def _check_args(caches, seq_lens, accepted_path, block_table, *, each_cache: bool = True) -> list[torch.Tensor]:
+    if isinstance(caches, torch.Tensor) or not isinstance(caches, Sequence):
+        fail(f"caches must be a list of tensors (every layer's K and V), got {type(caches).__name__}")
+    caches = list(caches)
+    check_rank(seq_lens, 1, "seq_lens", "[B]")
+    check_dtype(seq_lens, (torch.int32,), "seq_lens")
+    if not seq_lens.is_contiguous():
+        fail("seq_lens must be contiguous (it is updated in place)")
+    device = seq_lens.device
+    batch = seq_lens.shape[0]
+    check_rank(accepted_path, 2, "accepted_path", "[B, M]")
+    if accepted_path.shape[0] != batch:
+        fail(f"accepted_path must have shape [B, M] with B = {batch} (the size of seq_lens), "
+             f"got {list(accepted_path.shape)}")
+    check_dtype(accepted_path, INDEX_DTYPES, "accepted_path")
+    check_device(accepted_path, device, "accepted_path", "seq_lens")
+    paged = block_table is not None
+    if paged:
+        check_rank(block_table, 2, "block_table", "[B, max_blocks]")
+        if block_table.shape[0] != batch:
+            fail(f"block_table must have shape [B, max_blocks] with B = {batch}, got {list(block_table.shape)}")
+        check_dtype(block_table, INDEX_DTYPES, "block_table")
+        check_device(block_table, device, "block_table", "seq_lens")
+    if not each_cache or (caches and _caches_look_fine(caches, device, paged, batch)):
+        return caches
+    layout = "[num_blocks, block_size, H, D]" if paged else "[B, S, H, D]"
+    for layer, cache in enumerate(caches):
+        name = f"caches[{layer}]"
+        check_tensor(cache, name)
+        check_rank(cache, 4, name, layout)
+        check_dtype(cache, KV_DTYPES, name)
+        check_device(cache, device, name, "seq_lens")
+        first = caches[0]
+        if paged:
+            if cache.shape[1] < 1:
+                fail(f"{name} must have block_size >= 1, got shape {list(cache.shape)}")
+            if cache.shape[:2] != first.shape[:2]:
+                fail(f"{name} must have the num_blocks and block_size of caches[0] {list(first.shape[:2])}, "
+                     f"got shape {list(cache.shape)}")
+        else:
+            if cache.shape[0] != batch:
+                fail(f"{name} must have shape [B, S, H, D] with B = {batch} (the size of seq_lens), "
+                     f"got {list(cache.shape)}")
+            if cache.shape[1] != first.shape[1]:
+                fail(f"{name} must have the S of caches[0] ({first.shape[1]}), got {list(cache.shape)}")
+    return caches
+
+
+def _caches_look_fine(caches, device, paged: bool, batch: int) -> bool:
+    """One cheap pass over the caches (the common case); the detailed checks, which
+    name the bad cache, run only when it fails."""
+    first = caches[0]
+    if not isinstance(first, torch.Tensor) or first.dim() != 4:
+        return False
+    lead = first.shape[:2]
+    if (not paged and lead[0] != batch) or (paged and lead[1] < 1):
+        return False
+    for cache in caches:
+        if (type(cache) is not torch.Tensor and not isinstance(cache, torch.Tensor)) or cache.dim() != 4 \
+                or cache.dtype not in _KV_DTYPE_SET or cache.shape[:2] != lead or cache.device != device:
+            return False
+    return True
+
+
+def _geometry(caches, block_table):
+    """(paged, capacity, block_size, num_blocks) as csrc/kv/kv_op.cpp computes them."""
+    if not caches:
+        return False, _UNBOUNDED, 1, 0
+    if block_table is not None:
+        return True, block_table.shape[1] * caches[0].shape[1], caches[0].shape[1], caches[0].shape[0]
+    return False, caches[0].shape[1], 1, 0
+
+
+def _check_values(caches, seq_lens, accepted_path, block_table) -> None:
+    """The C++ CPU kernel's value checks, for the reference and Triton backends on CPU."""
+    paged, capacity, block_size, num_blocks = _geometry(caches, block_table)
+    lens, paths = seq_lens.tolist(), accepted_path.tolist()
+    table = block_table.tolist() if paged else None
+    for b in range(len(lens)):
+        if lens[b] < 0:
+            fail(f"seq_lens[{b}] = {lens[b]} is negative")
+        _, bad, reason = reference.kv_path_scan(lens[b], paths[b], capacity, table[b] if paged else None,
+                                                block_size, num_blocks)
+        if bad is not None:
+            fail(f"accepted_path[{b}, {bad}] = {paths[b][bad]} {reason} (seq_lens[{b}] = {lens[b]}, "
+                 f"{'max_blocks * block_size' if paged else 'S'} = {capacity})")
+
+
+_RESOLVED: dict[tuple[str | None, str], str] = {}
+
+
+@torch.compiler.assume_constant_result
+def _resolve_backend(backend: str | None, device: str) -> str:
+    # resolve_backend asks the dispatcher which kernels exist, which Dynamo cannot
+    # trace; the answer is a constant of the build, so torch.compile bakes it in
+    # (and eager calls remember it, except "triton", which depends on TRITON_INTERPRET).
+    key = (backend, device)
+    resolved = _RESOLVED.get(key)
+    if resolved is None:
+        resolved = resolve_backend(backend, torch.device(device), "kv_commit", native_op="kv_commit",
+                                   triton_op="kv_commit_triton")
+        if backend != "triton":
+            _RESOLVED[key] = resolved
+    return resolved
+
+
+# ---------------------------------------------------------------------------------------------- public
+
+
+def kv_commit(
+    caches: Sequence[torch.Tensor],
+    seq_lens: torch.Tensor,
+    accepted_path: torch.Tensor,
+    *,
+    block_table: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> None:
+    """Commit the accepted path's K/V entries in place, for every cache at once.
+
+    For every cache and request b with path ``a = accepted_path[b] = (0, a1, ...,
+    a_{m-1}, -1, ...)``: for i in 1..m-1, slot ``seq_lens[b] + i`` receives the old
+    contents of slot ``seq_lens[b] + a_i`` (the result equals the out-of-place
+    gather although the moves overlap); then ``seq_lens[b] += m``. Identity entries
+    (a_i == i: chain drafts) copy nothing. Rejected entries are left behind in the
+    slots past the new length, to be overwritten by the next step.
+
+    Parameters
+    ----------
+    caches : list of tensors
+        Every layer's K and V cache, updated in place. Contiguous ``[B, S, H, D]``
+        with any strides (an HF ``[B, H, S, D]`` cache passes ``.transpose(1, 2)``)
+        or paged ``[num_blocks, block_size, H, D]`` with ``block_table``. Dtypes
+        float32, float16, bfloat16 or a 1-byte type (uint8, int8, float8); H, D and
+        the dtype may differ between caches, S (contiguous) or num_blocks and
+        block_size (paged) may not. The caches must not overlap each other. May be
+        empty: then only ``seq_lens`` moves.
+    seq_lens : int32 [B], contiguous
+        The committed length before the window (the window's slot 0 holds the root,
+        node 0 of the tree); advanced in place by m on the device.
+    accepted_path : int32 | int64 [B, M]
+        Offsets into the window, ``0, a1, ..., a_{m-1}`` strictly increasing, then
+        -1 padding. ``tree_rejection_sample(...).accepted_path`` feeds it directly;
+        for chain drafts the path is ``0, 1, ..., num_accepted``.
+    block_table : int32 | int64 [B, max_blocks], optional
+        Paged caches: logical slot p of request b lives in block
+        ``block_table[b, p // block_size]`` at offset ``p % block_size``.
+    backend : None | "cuda" | "triton" | "cpu" | "reference"
+
+    Errors and safe behaviour
+    -------------------------
+    On CPU a malformed path (first entry not 0, not strictly increasing, a
+    non-negative entry after the padding, or reaching a slot outside the cache S or
+    the request's blocks: beyond max_blocks * block_size or a block id outside
+    [0, num_blocks)) and a negative ``seq_lens`` entry raise ValueError naming
+    accepted_path (or seq_lens) and the element. On the GPU (no host sync) the first
+    bad entry ends the path: nothing outside the cache or the request's blocks is
+    read or written.
+
+    CUDA graphs
+    -----------
+    One kernel launch moves every cache (up to 128 caches and 4096 requests per
+    launch; more are split into launches on the same stream): the caches' pointers
+    and strides are kernel parameters, so capture and replay work as long as the
+    caches stay where they were at capture (static caches), while ``seq_lens``,
+    ``accepted_path`` and ``block_table`` are read on the device at replay. The
+    Triton backend launches once per cache.
+
+    Example
+    -------
+    >>> k = torch.randn(1, 16, 2, 8); v = torch.randn(1, 16, 2, 8)
+    >>> seq_lens = torch.tensor([4], dtype=torch.int32)
+    >>> kv_commit([k, v], seq_lens, torch.tensor([[0, 2, 3, -1]]))  # slots 5, 6 <- 6, 7
+    >>> seq_lens
+    tensor([7], dtype=torch.int32)
+    """
+    check_tensor(seq_lens, "seq_lens")
+    backend = _resolve_backend(backend, str(seq_lens.device))
+    native = backend in ("cpu", "cuda") and not torch.compiler.is_compiling()
+    # The C++ op checks every cache itself (naming it) in one loop: the Python
+    # per-cache checks (~1 us per cache) run only for the other backends.
+    caches = _check_args(caches, seq_lens, accepted_path, block_table, each_cache=not native)
+    if (seq_lens.device.type == "cpu" and backend in ("reference", "triton")
+            and not torch.compiler.is_compiling()):
+        _check_values(caches, seq_lens, accepted_path, block_table)
+    if backend == "reference":
+        reference.kv_commit(caches, seq_lens, accepted_path, block_table=block_table)
+        return None
+    op = torch.ops.specdec.kv_commit if backend in ("cpu", "cuda") else torch.ops.specdec.kv_commit_triton
+    if native:
+        try:
+            op.default(caches, seq_lens, accepted_path, block_table)
+        except (ValueError, TypeError) as exc:  # argument and path checks of csrc/kv/kv_op.cpp
+            raise SpecDecArgumentError(str(exc).split("\nException raised from")[0]) from None
+        except RuntimeError:  # e.g. a non-tensor in caches: name it if it is an argument problem
+            _check_args(caches, seq_lens, accepted_path, block_table)
+            raise
+        return None
+    op.default(caches, seq_lens, accepted_path, block_table)
+    return None
+
+
+def kv_rollback(
+    caches: Sequence[torch.Tensor],
+    seq_lens: torch.Tensor,
+    num_tokens: torch.Tensor,
+    max_tokens: int,
+    *,
+    block_table: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> None:
+    """Advance ``seq_lens`` over a chain of ``num_tokens[b]`` kept tokens, moving nothing.
+
+    The pointer-only commit for chain drafts (e.g. the draft model's cache): the
+    first n_b = ``num_tokens[b]`` slots of the window are kept in place and the
+    rest is left behind. It is :func:`kv_commit` with the identity path
+    ``0, 1, ..., n_b - 1, -1, ...`` of width ``max_tokens``, so the same checks
+    apply (on CPU n_b above ``max_tokens`` or past the cache raise ValueError; on
+    the GPU the commit stops at the cache end). Passing the caches is optional
+    (they bound the slots); their contents are never touched.
+
+    Parameters
+    ----------
+    caches : list of tensors, as in :func:`kv_commit` (may be empty)
+    seq_lens : int32 [B], advanced in place
+    num_tokens : int [B]: n_b in 1..max_tokens (for a chain verified by
+        rejection_sample: ``num_accepted + 1``, the root/last token included;
+        the root is always kept, as in every path)
+    max_tokens : int: a static bound on n_b (keeps shapes fixed for CUDA graphs)
+    """
+    check_rank(num_tokens, 1, "num_tokens", "[B]")
+    check_dtype(num_tokens, INDEX_DTYPES, "num_tokens")
+    check_device(num_tokens, seq_lens.device, "num_tokens", "seq_lens")
+    check_shape(num_tokens, tuple(seq_lens.shape), "num_tokens", "[B]")
+    if not isinstance(max_tokens, int) or max_tokens < 0:
+        fail(f"max_tokens must be a non-negative int, got {max_tokens!r}")
+    if seq_lens.device.type == "cpu" and not torch.compiler.is_compiling():
+        bad = ((num_tokens < 1) | (num_tokens > max_tokens)).nonzero()
+        if bad.numel():
+            b = int(bad[0, 0])
+            fail(f"num_tokens[{b}] = {int(num_tokens[b])} is outside [1, max_tokens = {max_tokens}]")
+    steps = torch.arange(max_tokens, device=seq_lens.device, dtype=torch.int32)
+    path = torch.where(steps < num_tokens[:, None], steps, -1)
+    kv_commit(caches, seq_lens, path, block_table=block_table, backend=backend)
+
+
+# ---------------------------------------------------------------------------------------------- fakes
+
+
+def _fake_kv_commit(caches, seq_lens, accepted_path, block_table):
+    torch._check(seq_lens.dim() == 1, lambda: "seq_lens must be 1-D [B]")
+    torch._check(accepted_path.dim() == 2, lambda: "accepted_path must be 2-D [B, M]")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- triton
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _triton_kv_commit(caches, seq_lens, accepted_path, block_table):
+    from .triton_kernels.kv_commit import kv_commit_kernel
+
+    batch, max_path = accepted_path.shape
+    if batch == 0:
+        return None
+    caches = list(caches)
+    paged, capacity, block_size, num_blocks = _geometry(caches, block_table)
+    path = accepted_path.contiguous()
+    table = block_table.contiguous() if paged else path
+    movable = [c for c in caches if c.numel() > 0]
+    launches = [(c.view(_BITS_OF_SIZE[c.element_size()]), True) for c in movable] or [(seq_lens, False)]
+    for index, (cache, has_data) in enumerate(launches):
+        strides = cache.stride() if has_data else (0, 0, 0, 0)
+        head_dim = cache.shape[3] if has_data else 1
+        row_elems = cache.shape[2] * cache.shape[3] if has_data else 0
+        kv_commit_kernel[(batch,)](
+            cache, seq_lens, path, table,
+            max_path, path.stride(0), capacity, block_size, num_blocks, table.stride(0),
+            strides[0], strides[1], strides[2], strides[3], head_dim, row_elems,
+            PAGED=paged, UPDATE_SEQ_LENS=index == len(launches) - 1, BLOCK_M=max(_next_pow2(max_path), 2),
+            BLOCK=min(max(_next_pow2(row_elems), 16), 1024),
+        )
+    return None
+
+
+if _ops.native_loaded():
+    torch.library.register_fake("specdec::kv_commit")(_fake_kv_commit)
+    torch.library.register_fake("specdec::kv_commit_triton")(_fake_kv_commit)
+    torch.library.impl("specdec::kv_commit_triton", ("CPU", "CUDA"))(_triton_kv_commit)

@@ -1,0 +1,484 @@
+"""kv_commit (DESIGN.md §5.5): every backend against the out-of-place gather, all
+layouts and dtypes; chain paths; paged blocks nobody owns; error paths; opcheck;
+torch.compile; CUDA (equals CPU, safe behaviour on bad paths, graph capture)."""
+
+import random
+
+import pytest
+import torch
+
+import specdec_ops
+from specdec_ops import reference
+from tests.conftest import HAS_CUDA, HAS_TRITON
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.float8_e4m3fn]
+LAYOUTS = ["contiguous", "hf", "strided_dim", "paged"]
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+HEADS = [(2, 8), (1, 16), (3, 4)]  # (H, D) per cache: layers may differ
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(BITS[t.element_size()])
+
+
+def random_cache(shape, dtype, gen, device="cpu"):
+    if dtype.is_floating_point and dtype.itemsize >= 2:
+        return torch.randn(shape, generator=gen).to(dtype).to(device)
+    raw = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+    return raw.view(dtype).to(device) if dtype.itemsize == 1 else raw.to(dtype).to(device)
+
+
+def make_cache(layout, batch, slots, heads, dim, dtype, gen, num_blocks=0, block_size=0):
+    """(cache passed to kv_commit, the tensor owning its storage)."""
+    if layout == "paged":
+        owner = random_cache((num_blocks, block_size, heads, dim), dtype, gen)
+        return owner, owner
+    if layout == "hf":  # an HF [B, H, S, D] cache passes .transpose(1, 2)
+        owner = random_cache((batch, heads, slots, dim), dtype, gen)
+        return owner.transpose(1, 2), owner
+    if layout == "strided_dim":  # head dim not innermost: element-wise units
+        owner = random_cache((batch, slots, dim, heads), dtype, gen)
+        return owner.permute(0, 1, 3, 2), owner
+    owner = random_cache((batch, slots, heads, dim), dtype, gen)
+    return owner, owner
+
+
+def random_path(window: int, width: int, rng: random.Random, chain=False) -> list[int]:
+    if chain:
+        n = rng.randint(1, min(window, width))
+        path = list(range(n))
+    else:
+        picked = sorted(rng.sample(range(1, window), rng.randint(0, min(window - 1, width - 1))))
+        path = [0] + picked
+    return path + [-1] * (width - len(path))
+
+
+def make_case(layout, dtype, *, batch=3, window=7, width=6, seed=0, chain=False, dtypes=None):
+    """Caches, seq_lens, accepted_path, block_table for one random case."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    block_size, max_blocks = 4, 5
+    slots = 16
+    paged = layout == "paged"
+    num_blocks = batch * max_blocks + 3  # three blocks nobody owns
+    if paged:
+        perm = torch.randperm(num_blocks, generator=gen)[: batch * max_blocks].view(batch, max_blocks)
+        block_table = perm.to(torch.int32)
+        capacity = max_blocks * block_size
+    else:
+        block_table = None
+        capacity = slots
+    seq_lens = torch.tensor([rng.randint(0, capacity - window) for _ in range(batch)], dtype=torch.int32)
+    rows = [random_path(window, width, rng, chain) for _ in range(batch)]
+    if not chain:  # at least one request whose moves overlap: slot 2 is written after being read for slot 1
+        rows[0] = [0, 2, 3, window - 1] + [-1] * (width - 4)
+    path = torch.tensor(rows, dtype=torch.int64)
+    caches, owners = [], []
+    for layer, (heads, dim) in enumerate(HEADS):
+        for _kv in range(2):
+            dt = dtype if dtypes is None else dtypes[(2 * layer + _kv) % len(dtypes)]
+            cache, owner = make_cache(layout, batch, slots, heads, dim, dt, gen, num_blocks, block_size)
+            caches.append(cache)
+            owners.append(owner)
+    return caches, owners, seq_lens, path, block_table
+
+
+def gather_expected(caches, seq_lens, path, block_table):
+    """The out-of-place gather, written independently of reference.py."""
+    out = [bits(c).clone() for c in caches]
+    new_lens = seq_lens.clone()
+    for b in range(seq_lens.shape[0]):
+        entries = [int(x) for x in path[b] if x >= 0]
+        s = int(seq_lens[b])
+        for old, new in zip([bits(c) for c in caches], out):
+            for i, a in enumerate(entries):
+                if block_table is None:
+                    new[b, s + i] = old[b, s + a]
+                else:
+                    bs = old.shape[1]
+                    src, dst = s + a, s + i
+                    new[block_table[b, dst // bs], dst % bs] = old[block_table[b, src // bs], src % bs]
+        new_lens[b] += len(entries)
+    return out, new_lens
+
+
+def assert_committed(caches, expected, seq_lens, expected_lens):
+    assert torch.equal(seq_lens, expected_lens)
+    for layer, (c, e) in enumerate(zip(caches, expected)):
+        assert torch.equal(bits(c).cpu(), e.cpu()), f"cache {layer} differs"
+
+
+# ---------------------------------------------------------------------------------------------- correctness
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matches_out_of_place_gather(cpu_backend, layout, dtype):
+    seed = 10 * LAYOUTS.index(layout) + DTYPES.index(dtype)
+    caches, owners, seq_lens, path, table = make_case(layout, dtype, seed=seed)
+    assert any(int(path[b, i]) > i for b in range(path.shape[0]) for i in range(path.shape[1]))  # real moves
+    expected, expected_lens = gather_expected(caches, seq_lens, path, table)
+    specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend=cpu_backend)
+    assert_committed(caches, expected, seq_lens, expected_lens)
+    if layout in ("hf", "strided_dim"):  # updated in place through the view
+        assert owners[0].data_ptr() == caches[0].data_ptr()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_long_overlapping_paths_every_backend_agrees(cpu_backend, seed):
+    # windows of 12 with up to 12 entries: many moves whose sources are later destinations
+    caches, _, seq_lens, path, table = make_case("contiguous", torch.float32, batch=2, window=12, width=12,
+                                                 seed=100 + seed)
+    expected, expected_lens = gather_expected(caches, seq_lens, path, table)
+    specdec_ops.kv_commit(caches, seq_lens, path.to(torch.int32), backend=cpu_backend)
+    assert_committed(caches, expected, seq_lens, expected_lens)
+
+
+def test_mixed_dtypes_in_one_call(cpu_backend):
+    caches, _, seq_lens, path, table = make_case("paged", None, dtypes=[torch.bfloat16, torch.float8_e5m2,
+                                                                        torch.float32], seed=7)
+    assert len({c.dtype for c in caches}) == 3
+    expected, expected_lens = gather_expected(caches, seq_lens, path, table)
+    specdec_ops.kv_commit(caches, seq_lens, path, block_table=table.to(torch.int64), backend=cpu_backend)
+    assert_committed(caches, expected, seq_lens, expected_lens)
+
+
+def test_paged_blocks_not_owned_by_any_request_untouched(cpu_backend):
+    caches, _, seq_lens, path, table = make_case("paged", torch.float16, seed=3)
+    owned = set(table.flatten().tolist())
+    free = [k for k in range(caches[0].shape[0]) if k not in owned]
+    assert len(free) == 3
+    before = [bits(c)[free].clone() for c in caches]
+    specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend=cpu_backend)
+    for c, old in zip(caches, before):
+        assert torch.equal(bits(c)[free], old)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_chain_paths_leave_caches_bitwise_unchanged(cpu_backend, layout):
+    caches, _, seq_lens, path, table = make_case(layout, torch.bfloat16, chain=True, seed=11)
+    before = [bits(c).clone() for c in caches]
+    lens_before = seq_lens.clone()
+    specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend=cpu_backend)
+    for c, old in zip(caches, before):
+        assert torch.equal(bits(c), old)
+    assert torch.equal(seq_lens, lens_before + (path >= 0).sum(1).to(torch.int32))
+
+
+def test_kv_rollback_moves_only_seq_lens(cpu_backend):
+    caches, _, seq_lens, _, _ = make_case("contiguous", torch.float16, seed=5)
+    before = [bits(c).clone() for c in caches]
+    lens_before = seq_lens.clone()
+    num_tokens = torch.tensor([1, 3, 5])
+    specdec_ops.kv_rollback(caches, seq_lens, num_tokens, 5, backend=cpu_backend)
+    assert torch.equal(seq_lens, lens_before + num_tokens.to(torch.int32))
+    for c, old in zip(caches, before):
+        assert torch.equal(bits(c), old)
+    specdec_ops.kv_rollback([], seq_lens, num_tokens, 6, backend=cpu_backend)  # no caches: pointer only
+    assert torch.equal(seq_lens, lens_before + 2 * num_tokens.to(torch.int32))
+    with pytest.raises(ValueError, match="num_tokens"):
+        specdec_ops.kv_rollback(caches, seq_lens, torch.tensor([1, 7, 1]), 5, backend=cpu_backend)
+    with pytest.raises(ValueError, match=r"num_tokens\[0\]"):
+        specdec_ops.kv_rollback(caches, seq_lens, torch.tensor([0, 2, 1]), 5, backend=cpu_backend)
+
+
+def test_tree_accepted_path_feeds_directly(cpu_backend):
+    # the shape tree_rejection_sample returns: int32 [B, N], node 0 first, -1 padded
+    caches, _, seq_lens, _, _ = make_case("contiguous", torch.float32, seed=9)
+    lens_before = seq_lens.clone()
+    path = torch.tensor([[0, 2, 5, -1, -1, -1], [0, -1, -1, -1, -1, -1], [0, 1, 3, 4, 6, -1]], dtype=torch.int32)
+    expected, expected_lens = gather_expected(caches, seq_lens, path, None)
+    specdec_ops.kv_commit(caches, seq_lens, path, backend=cpu_backend)
+    assert_committed(caches, expected, seq_lens, expected_lens)
+    assert (seq_lens - lens_before).tolist() == [3, 1, 5]
+
+
+def test_empty_batch_path_and_cache_list(cpu_backend):
+    caches, _, _, _, _ = make_case("contiguous", torch.float32, seed=1)
+    empty = torch.zeros(0, dtype=torch.int32)
+    specdec_ops.kv_commit([c[:0] for c in caches], empty, torch.zeros(0, 4, dtype=torch.int64),
+                          backend=cpu_backend)
+    seq_lens = torch.tensor([2, 0, 5], dtype=torch.int32)
+    specdec_ops.kv_commit(caches, seq_lens, torch.zeros(3, 0, dtype=torch.int64), backend=cpu_backend)
+    assert seq_lens.tolist() == [2, 0, 5]
+    specdec_ops.kv_commit([], seq_lens, torch.tensor([[0, 4, -1], [0, -1, -1], [0, 1, 2]]), backend=cpu_backend)
+    assert seq_lens.tolist() == [4, 1, 8]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_triton_kernel_ends_path_at_first_bad_entry(layout):
+    # The GPU rule, run by the Triton kernel in the interpreter (the op itself does
+    # not check values): each bad entry ends its path, nothing outside is touched.
+    caches, _, seq_lens, path, table = make_case(layout, torch.float32, seed=21)
+    capacity = 16 if table is None else 20
+    path[0] = torch.tensor([0, 2, 2, 4, -1, -1])           # not increasing at 2
+    path[1] = torch.tensor([0, 3, capacity, 5, -1, -1])    # outside at 2
+    path[2] = torch.tensor([0, -2, -1, 3, -1, -1])         # padding in the middle (garbage after it)
+    if table is not None:
+        table[0, 1] = -1  # request 0's second block unallocated: its path may end earlier
+    expected = [c.clone() for c in caches]
+    expected_lens = seq_lens.clone()
+    reference.kv_commit(expected, expected_lens, path, block_table=table)
+    torch.ops.specdec.kv_commit_triton.default(caches, seq_lens, path, table)
+    assert torch.equal(seq_lens, expected_lens)
+    for c, e in zip(caches, expected):
+        assert torch.equal(bits(c), bits(e))
+    assert (expected_lens - make_case(layout, torch.float32, seed=21)[2]).tolist()[1:] == [2, 1]
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def _case_for_errors():
+    caches, _, seq_lens, path, table = make_case("contiguous", torch.float32, seed=2)
+    seq_lens[:] = torch.tensor([3, 0, 6], dtype=torch.int32)
+    return caches, seq_lens, path, table
+
+
+@pytest.mark.parametrize("bad_row,element", [
+    ([1, 2, -1, -1, -1, -1], r"accepted_path\[1, 0\]"),     # first entry not 0
+    ([-1, -1, -1, -1, -1, -1], r"accepted_path\[1, 0\]"),   # first entry not 0 (empty path)
+    ([0, 3, 3, -1, -1, -1], r"accepted_path\[1, 2\]"),      # not strictly increasing
+    ([0, 4, 2, -1, -1, -1], r"accepted_path\[1, 2\]"),      # decreasing
+    ([0, 2, 16, -1, -1, -1], r"accepted_path\[1, 2\]"),     # beyond S
+    ([0, 2, -1, 5, -1, -1], r"accepted_path\[1, 3\]"),      # non-negative entry after the padding
+    ([0, 2, -3, -1, -1, -1], None),                          # any negative entry ends the path: fine
+])
+def test_malformed_path_raises_value_error(cpu_backend, bad_row, element):
+    caches, seq_lens, path, _ = _case_for_errors()
+    path[1] = torch.tensor(bad_row)
+    before = [c.clone() for c in caches]
+    lens_before = seq_lens.clone()
+    if element is None:
+        specdec_ops.kv_commit(caches, seq_lens, path, backend=cpu_backend)
+        assert int(seq_lens[1]) == 2
+        return
+    with pytest.raises(ValueError, match=element):
+        specdec_ops.kv_commit(caches, seq_lens, path, backend=cpu_backend)
+    assert torch.equal(seq_lens, lens_before)  # checked before anything moves
+    for c, old in zip(caches, before):
+        assert torch.equal(c, old)
+
+
+def test_path_reaching_outside_the_cache_by_seq_len(cpu_backend):
+    caches, seq_lens, path, _ = _case_for_errors()
+    seq_lens[2] = 12
+    path[2] = torch.tensor([0, 1, 4, -1, -1, -1])  # slot 16 == S
+    with pytest.raises(ValueError, match=r"accepted_path\[2, 2\]"):
+        specdec_ops.kv_commit(caches, seq_lens, path, backend=cpu_backend)
+    path[2] = torch.tensor([0, 2**62, -1, -1, -1, -1])  # no overflow
+    with pytest.raises(ValueError, match=r"accepted_path\[2, 1\]"):
+        specdec_ops.kv_commit(caches, seq_lens, path, backend=cpu_backend)
+    seq_lens[2] = -1
+    with pytest.raises(ValueError, match=r"seq_lens\[2\]"):
+        specdec_ops.kv_commit(caches, seq_lens, path, backend=cpu_backend)
+
+
+def test_paged_path_outside_the_requests_blocks(cpu_backend):
+    caches, _, seq_lens, path, table = make_case("paged", torch.float16, seed=4)
+    seq_lens[0] = 13
+    path[0] = torch.tensor([0, 1, 6, -1, -1, -1])  # slot 19 is in block column 4, the last one
+    specdec_ops.kv_commit([c.clone() for c in caches], seq_lens.clone(), path, block_table=table,
+                          backend=cpu_backend)
+    path[0] = torch.tensor([0, 1, 7, -1, -1, -1])  # slot 20 == max_blocks * block_size
+    with pytest.raises(ValueError, match=r"accepted_path\[0, 2\]"):
+        specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend=cpu_backend)
+    path[0] = torch.tensor([0, 1, 6, -1, -1, -1])
+    table[0, 4] = -1  # unallocated block
+    with pytest.raises(ValueError, match=r"accepted_path\[0, 2\]"):
+        specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend=cpu_backend)
+    table[0, 4] = caches[0].shape[0]  # block id out of range
+    with pytest.raises(ValueError, match=r"accepted_path\[0, 2\]"):
+        specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend=cpu_backend)
+
+
+@pytest.mark.parametrize("mutate,name", [
+    (lambda a: a.update(seq_lens=a["seq_lens"].long()), "seq_lens"),
+    (lambda a: a.update(seq_lens=a["seq_lens"][:2]), "accepted_path|caches"),
+    (lambda a: a.update(accepted_path=a["accepted_path"].float()), "accepted_path"),
+    (lambda a: a.update(accepted_path=a["accepted_path"][0]), "accepted_path"),
+    (lambda a: a.update(caches=[a["caches"][0].double()]), r"caches\[0\]"),
+    (lambda a: a.update(caches=[a["caches"][0], a["caches"][1][0]]), r"caches\[1\]"),
+    (lambda a: a.update(caches=[a["caches"][0], a["caches"][1][:, :8]]), r"caches\[1\]"),
+    (lambda a: a.update(caches=[a["caches"][0][:2]]), r"caches\[0\]"),
+    (lambda a: a.update(caches=a["caches"][0]), "caches"),
+    (lambda a: a.update(caches=[a["caches"][0], 3]), r"caches\[1\] must be a torch.Tensor"),
+    (lambda a: a.update(block_table=torch.zeros(3, 2)), "block_table"),
+    (lambda a: a.update(block_table=torch.zeros(2, 2, dtype=torch.int32)), "block_table"),
+])
+def test_bad_arguments_name_the_argument(cpu_backend, mutate, name):
+    caches, seq_lens, path, _ = _case_for_errors()
+    args = dict(caches=caches, seq_lens=seq_lens, accepted_path=path, block_table=None)
+    mutate(args)
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=name):
+        specdec_ops.kv_commit(args["caches"], args["seq_lens"], args["accepted_path"],
+                              block_table=args["block_table"], backend=cpu_backend)
+
+
+def test_native_op_checks_too():
+    caches, seq_lens, path, _ = _case_for_errors()
+    with pytest.raises(RuntimeError, match="seq_lens must be int32"):
+        torch.ops.specdec.kv_commit.default(caches, seq_lens.long(), path, None)
+    with pytest.raises(ValueError, match=r"caches\[1\] must have the S"):
+        torch.ops.specdec.kv_commit.default([caches[0], caches[1][:, :8]], seq_lens, path, None)
+    path[0, 1] = 0
+    with pytest.raises(ValueError, match=r"accepted_path\[0, 1\] = 0 is not greater"):
+        torch.ops.specdec.kv_commit.default(caches, seq_lens, path, None)
+
+
+def test_unavailable_backend_is_clear():
+    caches, seq_lens, path, _ = _case_for_errors()
+    with pytest.raises(specdec_ops.BackendUnavailableError, match="cuda"):
+        specdec_ops.kv_commit(caches, seq_lens, path, backend="cuda")
+
+
+# ---------------------------------------------------------------------------------------------- torch integration
+
+
+def _opcheck_samples():
+    for layout in ("contiguous", "hf", "paged"):
+        caches, _, seq_lens, path, table = make_case(layout, torch.bfloat16, batch=2, seed=31)
+        yield caches[:2], seq_lens, path, table
+
+
+@pytest.mark.parametrize("op_name", ["kv_commit"] + (["kv_commit_triton"] if HAS_TRITON else []))
+def test_opcheck(op_name):
+    op = getattr(torch.ops.specdec, op_name).default
+    for caches, seq_lens, path, table in _opcheck_samples():
+        torch.library.opcheck(op, ([c.clone() for c in caches], seq_lens.clone(), path, table),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_schema_declares_the_mutations():
+    schema = torch.ops.specdec.kv_commit.default._schema
+    mutable = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    assert mutable == ["caches", "seq_lens"]
+
+
+def test_torch_compile_fullgraph():
+    caches, _, seq_lens, path, table = make_case("paged", torch.float16, seed=41)
+    expected, expected_lens = gather_expected(caches, seq_lens, path, table)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(caches, seq_lens, path, table):
+        specdec_ops.kv_commit(caches, seq_lens, path, block_table=table)
+        return seq_lens + 0
+
+    out = step(caches, seq_lens, path, table)
+    assert torch.equal(out, expected_lens)
+    assert_committed(caches, expected, seq_lens, expected_lens)
+
+
+def test_torch_compile_fullgraph_inductor():
+    caches, _, seq_lens, path, _ = make_case("contiguous", torch.float32, seed=43)
+    expected, expected_lens = gather_expected(caches, seq_lens, path, None)
+    compiled = torch.compile(lambda c, s, p: specdec_ops.kv_commit(c, s, p), fullgraph=True)
+    compiled(caches, seq_lens, path)
+    assert_committed(caches, expected, seq_lens, expected_lens)
+
+
+# ---------------------------------------------------------------------------------------------- CUDA
+
+
+def _to_cuda(caches, seq_lens, path, table):
+    return ([c.cuda() for c in caches], seq_lens.cuda(), path.cuda(), None if table is None else table.cuda())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_equals_cpu(backend, layout, dtype):
+    if backend == "triton" and not HAS_TRITON:
+        pytest.skip("needs triton")
+    caches, _, seq_lens, path, table = make_case(layout, dtype, batch=5, seed=51)
+    gpu = _to_cuda(caches, seq_lens, path, table)
+    if layout != "paged":  # views keep their strides on the device
+        gpu = ([c.cuda() if c.is_contiguous() else _same_strides_cuda(c) for c in caches],) + gpu[1:]
+    specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend="cpu")
+    specdec_ops.kv_commit(*gpu[:3], block_table=gpu[3], backend=backend)
+    torch.cuda.synchronize()
+    assert torch.equal(gpu[1].cpu(), seq_lens)
+    for c, g in zip(caches, gpu[0]):
+        assert torch.equal(bits(g).cpu(), bits(c))
+
+
+def _same_strides_cuda(c):
+    out = torch.empty_strided(c.shape, c.stride(), dtype=c.dtype, device="cuda")
+    out.copy_(c)
+    return out
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_cuda_bad_entries_end_the_path(backend, layout):
+    caches, _, seq_lens, path, table = make_case(layout, torch.float16, batch=4, seed=61)
+    capacity = 16 if table is None else 20
+    path[0] = torch.tensor([0, 2, 2, 4, -1, -1])
+    path[1] = torch.tensor([0, 3, capacity + 100, 5, -1, -1])
+    path[2] = torch.tensor([5, 6, -1, -1, -1, -1])
+    path[3] = torch.tensor([0, 1, -1, 3, -1, -1])
+    if table is not None:
+        table[2, 1] = -1
+    gpu = _to_cuda(caches, seq_lens, path, table)
+    reference.kv_commit(caches, seq_lens, path, block_table=table)
+    specdec_ops.kv_commit(*gpu[:3], block_table=gpu[3], backend=backend)
+    torch.cuda.synchronize()
+    assert torch.equal(gpu[1].cpu(), seq_lens)
+    for c, g in zip(caches, gpu[0]):
+        assert torch.equal(bits(g).cpu(), bits(c))
+
+
+@pytest.mark.cuda
+def test_cuda_mixed_devices_name_the_cache():
+    caches, seq_lens, path, _ = _case_for_errors()
+    for backend in ("cpu", "reference"):
+        with pytest.raises(ValueError, match=r"caches\[1\]"):
+            specdec_ops.kv_commit([caches[0], caches[1].cuda()], seq_lens, path, backend=backend)
+    with pytest.raises(ValueError, match=r"caches\[0\]"):
+        specdec_ops.kv_commit([caches[0]], seq_lens.cuda(), path.cuda(), backend="cuda")
+
+
+@pytest.mark.cuda
+def test_cuda_many_caches_and_wide_paths():
+    # more caches than one launch's table (128) and paths longer than one warp pass (32)
+    gen = torch.Generator().manual_seed(71)
+    rng = random.Random(71)
+    batch, slots, width = 3, 80, 40
+    caches = [random_cache((batch, slots, 2, 64), torch.bfloat16, gen) for _ in range(130)]
+    seq_lens = torch.tensor([0, 5, 30], dtype=torch.int32)
+    path = torch.tensor([random_path(45, width, rng) for _ in range(batch)])
+    path[0] = torch.tensor(list(range(0, 2 * width, 2))[:width])
+    expected, expected_lens = gather_expected(caches, seq_lens, path, None)
+    gpu = _to_cuda(caches, seq_lens, path, None)
+    specdec_ops.kv_commit(*gpu[:3], backend="cuda")
+    torch.cuda.synchronize()
+    assert_committed(gpu[0], expected, gpu[1].cpu(), expected_lens)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_and_replay():
+    caches, _, seq_lens, path, table = make_case("paged", torch.bfloat16, batch=4, seed=81)
+    g_caches, g_lens, g_path, g_table = _to_cuda(caches, seq_lens, path, table)
+    specdec_ops.kv_commit(g_caches, g_lens, g_path, block_table=g_table, backend="cuda")  # warm up
+    torch.cuda.synchronize()
+    for c, g in zip(caches, g_caches):
+        g.copy_(c)
+    g_lens.copy_(seq_lens)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        specdec_ops.kv_commit(g_caches, g_lens, g_path, block_table=g_table, backend="cuda")
+    rng = random.Random(82)
+    for step in range(3):  # new paths, lengths and contents each replay
+        fresh_caches, _, fresh_lens, fresh_path, _ = make_case("paged", torch.bfloat16, batch=4, seed=90 + step)
+        for c, g in zip(fresh_caches, g_caches):
+            g.copy_(c)
+        fresh_lens = torch.tensor([rng.randint(0, 20 - 7) for _ in range(4)], dtype=torch.int32)
+        g_lens.copy_(fresh_lens)
+        g_path.copy_(fresh_path)
+        expected, expected_lens = gather_expected(fresh_caches, fresh_lens, fresh_path, table)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_committed(g_caches, expected, g_lens.cpu(), expected_lens)
