@@ -24,7 +24,20 @@ from ._backend import BACKENDS  # noqa: E402
 from ._checks import BackendUnavailableError, SpecDecArgumentError
 from .kv import kv_commit, kv_rollback
 from .sampling import rejection_sample, rejection_sample_packed
+from .tree import (TreeInfo, build_tree, merge_attention_states, parents_to_paths, paths_to_parents,
+                   topk_grid_to_parents, tree_attention, tree_attention_bias)
 from .tree_verify import tree_rejection_sample
 from .types import SampleOutput, TreeSampleOutput
 
 __version__ = "0.1.0"
+
+
+def register_hf_attention() -> None:
+    """Register the ``"specdec_tree"`` attention implementation with transformers (see hf_attention)."""
+    from .hf_attention import register
+
+    register()
+
+
+if "transformers" in _sys.modules:  # already paid for: make attn_implementation="specdec_tree" work at once
+    register_hf_attention()
