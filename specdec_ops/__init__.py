@@ -30,3 +30,14 @@ from .tree_verify import tree_rejection_sample
 from .types import SampleOutput, TreeSampleOutput
 
 __version__ = "0.1.0"
+
+
+def register_hf_attention() -> None:
+    """Register the ``"specdec_tree"`` attention implementation with transformers (see hf_attention)."""
+    from .hf_attention import register
+
+    register()
+
+
+if "transformers" in _sys.modules:  # already paid for: make attn_implementation="specdec_tree" work at once
+    register_hf_attention()

@@ -68,20 +68,22 @@ def rng_inputs(seeds, offsets, batch: int, device: torch.device, ref_name: str):
     """Validated (seeds, offsets) int64 [B] on `device`.
 
     seeds=None draws one seed per request from torch's default generator on the
-    host; offsets=None means 0.
+    host; offsets=None means 0. int32 values are widened to int64.
     """
     if seeds is None:
         seeds = torch.randint(0, 2**62, (batch,), dtype=torch.int64).to(device)
     else:
         check_shape(seeds, (batch,), "seeds", "[B]")
-        check_dtype(seeds, (torch.int64,), "seeds")
+        check_dtype(seeds, INDEX_DTYPES, "seeds")
         check_device(seeds, device, "seeds", ref_name)
+        seeds = seeds.to(torch.int64)
     if offsets is None:
         offsets = torch.zeros(batch, dtype=torch.int64, device=device)
     else:
         check_shape(offsets, (batch,), "offsets", "[B]")
-        check_dtype(offsets, (torch.int64,), "offsets")
+        check_dtype(offsets, INDEX_DTYPES, "offsets")
         check_device(offsets, device, "offsets", ref_name)
+        offsets = offsets.to(torch.int64)
     return seeds, offsets
 
 

@@ -147,118 +147,6 @@ def rejection_sample_packed(target_probs, cu_num_draft_tokens, draft_token_ids, 
     return _pack_output(results, max_num_draft_tokens + 1, target_probs.device)
 
 
-# ---------------------------------------------------------------------------------------------- tree (§5.4)
-
-
-def _to_int64_word(bits: int) -> int:
-    """A 64-bit pattern as the signed value torch.int64 stores."""
-    return bits - (1 << 64) if bits >= (1 << 63) else bits
-
-
-def build_tree(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mask int64 [B, N, ceil(N/64)], depth int32 [B, N]) by walking every node's ancestors.
-
-    Bit j % 64 of word j // 64 in row i is set iff node j is i or an ancestor of i.
-    Nodes >= num_nodes[b] are padding: zero rows, depth -1. Parents must be valid.
-    """
-    batch, n = parents.shape
-    words = (n + 63) // 64
-    mask = torch.zeros(batch, n, words, dtype=torch.int64)
-    depth = torch.full((batch, n), -1, dtype=torch.int32)
-    par = parents.cpu().tolist()
-    for b in range(batch):
-        real = n if num_nodes is None else int(num_nodes[b])
-        for i in range(real):
-            row = [0] * words
-            a, steps = i, 0
-            while a != -1:
-                row[a // 64] |= 1 << (a % 64)
-                a = par[b][a]
-                steps += 1
-            depth[b, i] = steps - 1
-            mask[b, i] = torch.tensor([_to_int64_word(w) for w in row], dtype=torch.int64)
-    return mask.to(parents.device), depth.to(parents.device)
-
-
-def unpack_tree_mask(mask: torch.Tensor) -> torch.Tensor:
-    """bool [B, N, N]: entry [b, i, j] is bit j of row i (node j is i or an ancestor of i)."""
-    n = mask.shape[1]
-    j = torch.arange(n, device=mask.device)
-    words = mask[:, :, j // 64]  # [B, N, N]
-    return ((words >> (j % 64)) & 1).bool()
-
-
-def tree_attention_bias(mask: torch.Tensor, prefix_lens: torch.Tensor, kv_len: int,
-                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[B, 1, N, kv_len] additive mask (0 visible, -inf hidden), one key at a time."""
-    batch, n, _ = mask.shape
-    bits = unpack_tree_mask(mask).cpu()
-    bias = torch.full((batch, 1, n, kv_len), float("-inf"), dtype=dtype)
-    for b in range(batch):
-        p = int(prefix_lens[b])
-        for j in range(kv_len):
-            if j < p:
-                bias[b, 0, :, j] = 0
-            elif j - p < n:
-                bias[b, 0, :, j] = torch.where(bits[b, :, j - p], 0.0, float("-inf")).to(dtype)
-    return bias.to(mask.device)
-
-
-def gather_kv(cache: torch.Tensor, b: int, length: int, block_table: torch.Tensor | None = None) -> torch.Tensor:
-    """Request b's first `length` cache slots as [length, H, D] (contiguous or paged cache)."""
-    if block_table is None:
-        return cache[b, :length]
-    block_size = cache.shape[1]
-    pos = torch.arange(length, device=cache.device)
-    blocks = block_table[b].to(cache.device).long()[pos // block_size]
-    return cache[blocks, pos % block_size]
-
-
-def tree_attention(q, k_cache, v_cache, prefix_lens, mask, *, block_table=None, sm_scale=None):
-    """(out [B, N, Hq, D] in q's dtype, lse float32 [B, N, Hq]): dense attention with tree_attention_bias.
-
-    Per request: keys 0 .. prefix_lens[b] + N - 1 of the cache, scores in float32 plus the bias,
-    softmax, weighted sum. Keys that no node sees are zeroed first (garbage in unused slots, even
-    NaN, never reaches the output). Padding rows (node i without its own bit) give 0 and lse -inf.
-    """
-    batch, n, hq, d = q.shape
-    hk = k_cache.shape[2]
-    scale = d ** -0.5 if sm_scale is None else sm_scale
-    out = torch.zeros(batch, n, hq, d, dtype=torch.float32, device=q.device)
-    lse = torch.full((batch, n, hq), float("-inf"), dtype=torch.float32, device=q.device)
-    own = unpack_tree_mask(mask).diagonal(dim1=1, dim2=2)  # [B, N]: real nodes
-    for b in range(batch):
-        kv_len = int(prefix_lens[b]) + n
-        bias = tree_attention_bias(mask[b: b + 1], prefix_lens[b: b + 1], kv_len)[0, 0]  # [N, L]
-        seen = (bias == 0).any(0)  # keys some node sees
-        k = gather_kv(k_cache, b, kv_len, block_table).float()
-        v = gather_kv(v_cache, b, kv_len, block_table).float()
-        k = torch.where(seen[:, None, None], k, 0.0).repeat_interleave(hq // hk, dim=1)  # [L, Hq, D]
-        v = torch.where(seen[:, None, None], v, 0.0).repeat_interleave(hq // hk, dim=1)
-        scores = torch.einsum("nhd,lhd->hnl", q[b].float(), k) * scale + bias  # [Hq, N, L]
-        row_lse = torch.logsumexp(scores, dim=-1)  # [Hq, N]
-        o = torch.einsum("hnl,lhd->nhd", torch.softmax(scores, dim=-1), v)
-        out[b] = torch.where(own[b][:, None, None], o, 0.0)
-        lse[b] = torch.where(own[b][:, None], row_lse.T, float("-inf"))
-    return out.to(q.dtype), lse
-
-
-def merge_attention_states(out_a, lse_a, out_b, lse_b):
-    """Softmax merge of two partial attentions over disjoint keys (natural-log LSE).
-
-    out = (e^lse_a out_a + e^lse_b out_b) / (e^lse_a + e^lse_b), lse = log(e^lse_a + e^lse_b);
-    a side with lse = -inf contributes nothing; both -inf gives out 0, lse -inf.
-    """
-    la, lb = lse_a.float(), lse_b.float()
-    lse = torch.logaddexp(la, lb)
-    finite = lse > float("-inf")
-    safe = torch.where(finite, lse, 0.0)
-    wa = torch.where(finite, torch.exp(la - safe), 0.0)[..., None]
-    wb = torch.where(finite, torch.exp(lb - safe), 0.0)[..., None]
-    out = torch.where(wa > 0, wa * out_a.float(), 0.0) + torch.where(wb > 0, wb * out_b.float(), 0.0)
-    return out.to(out_a.dtype), lse
-
-
 # ---------------------------------------------------------------------------------------------- tree verification
 
 
@@ -347,7 +235,8 @@ def tree_rejection_sample(target_probs, tree_token_ids, parents, num_nodes=None,
 
         # Rejection: update p' where the update leaves some mass.
         if q_all is not None:
-            r_new = torch.clamp(r / z[:, None] - q, min=0.0)
+            d = r / z[:, None] - q
+            r_new = torch.where(d > 0, d, torch.zeros(()))   # max(d, 0), NaN -> 0 as in the kernels
             z_new = r_new.sum(-1)
             commit = reject & (z_new > 0)
             r = torch.where(commit[:, None], r_new, r)
@@ -378,6 +267,118 @@ def tree_rejection_sample(target_probs, tree_token_ids, parents, num_nodes=None,
     final = torch.where(is_greedy, best, torch.argmax(score, -1))
     out[rows, k] = final
     return TreeSampleOutput(out.to(device), path.to(torch.int32).to(device), k.to(torch.int32).to(device))
+
+
+# ---------------------------------------------------------------------------------------------- tree (§5.4)
+
+
+def _to_int64_word(bits: int) -> int:
+    """A 64-bit pattern as the signed value torch.int64 stores."""
+    return bits - (1 << 64) if bits >= (1 << 63) else bits
+
+
+def build_tree(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask int64 [B, N, ceil(N/64)], depth int32 [B, N]) by walking every node's ancestors.
+
+    Bit j % 64 of word j // 64 in row i is set iff node j is i or an ancestor of i.
+    Nodes >= num_nodes[b] are padding: zero rows, depth -1. A malformed parent (only reachable
+    on the GPU, where nothing raises) is treated as the root, as the CUDA kernel does.
+    """
+    batch, n = parents.shape
+    words = (n + 63) // 64
+    mask = torch.zeros(batch, n, words, dtype=torch.int64)
+    depth = torch.full((batch, n), -1, dtype=torch.int32)
+    par = parents.cpu().tolist()
+    for b in range(batch):
+        real = n if num_nodes is None else min(max(int(num_nodes[b]), 0), n)
+        for i in range(real):
+            row = [0] * words
+            a, steps = i, 0
+            while a != -1:
+                row[a // 64] |= 1 << (a % 64)
+                p = par[b][a]
+                a = -1 if a == 0 else (p if 0 <= p < a else 0)
+                steps += 1
+            depth[b, i] = steps - 1
+            mask[b, i] = torch.tensor([_to_int64_word(w) for w in row], dtype=torch.int64)
+    return mask.to(parents.device), depth.to(parents.device)
+
+
+def unpack_tree_mask(mask: torch.Tensor) -> torch.Tensor:
+    """bool [B, N, N]: entry [b, i, j] is bit j of row i (node j is i or an ancestor of i)."""
+    n = mask.shape[1]
+    j = torch.arange(n, device=mask.device)
+    words = mask[:, :, j // 64]  # [B, N, N]
+    return ((words >> (j % 64)) & 1).bool()
+
+
+def tree_attention_bias(mask: torch.Tensor, prefix_lens: torch.Tensor, kv_len: int,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[B, 1, N, kv_len] additive mask (0 visible, -inf hidden), one key at a time."""
+    batch, n, _ = mask.shape
+    bits = unpack_tree_mask(mask).cpu()
+    bias = torch.full((batch, 1, n, kv_len), float("-inf"), dtype=dtype)
+    for b in range(batch):
+        p = int(prefix_lens[b])
+        bias[b, 0, :, : max(0, min(p, kv_len))] = 0  # the prefix: always visible
+        for j in range(max(p, 0), min(p + n, kv_len)):  # tree key j - p: visible iff its bit is set
+            bias[b, 0, :, j] = torch.where(bits[b, :, j - p], 0.0, float("-inf")).to(dtype)
+    return bias.to(mask.device)
+
+
+def gather_kv(cache: torch.Tensor, b: int, length: int, block_table: torch.Tensor | None = None) -> torch.Tensor:
+    """Request b's first `length` cache slots as [length, H, D] (contiguous or paged cache)."""
+    if block_table is None:
+        return cache[b, :length]
+    block_size = cache.shape[1]
+    pos = torch.arange(length, device=cache.device)
+    blocks = block_table[b].to(cache.device).long()[pos // block_size]
+    return cache[blocks, pos % block_size]
+
+
+def tree_attention(q, k_cache, v_cache, prefix_lens, mask, *, block_table=None, sm_scale=None):
+    """(out [B, N, Hq, D] in q's dtype, lse float32 [B, N, Hq]): dense attention with tree_attention_bias.
+
+    Per request: keys 0 .. prefix_lens[b] + N - 1 of the cache, scores in float32 plus the bias,
+    softmax, weighted sum. Keys that no node sees are zeroed first (garbage in unused slots, even
+    NaN, never reaches the output). Padding rows (node i without its own bit) give 0 and lse -inf.
+    """
+    batch, n, hq, d = q.shape
+    hk = k_cache.shape[2]
+    scale = d ** -0.5 if sm_scale is None else sm_scale
+    out = torch.zeros(batch, n, hq, d, dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, n, hq), float("-inf"), dtype=torch.float32, device=q.device)
+    own = unpack_tree_mask(mask).diagonal(dim1=1, dim2=2)  # [B, N]: real nodes
+    for b in range(batch):
+        kv_len = int(prefix_lens[b]) + n
+        bias = tree_attention_bias(mask[b: b + 1], prefix_lens[b: b + 1], kv_len)[0, 0]  # [N, L]
+        seen = (bias == 0).any(0)  # keys some node sees
+        k = gather_kv(k_cache, b, kv_len, block_table).float()
+        v = gather_kv(v_cache, b, kv_len, block_table).float()
+        k = torch.where(seen[:, None, None], k, 0.0).repeat_interleave(hq // hk, dim=1)  # [L, Hq, D]
+        v = torch.where(seen[:, None, None], v, 0.0).repeat_interleave(hq // hk, dim=1)
+        scores = torch.einsum("nhd,lhd->hnl", q[b].float(), k) * scale + bias  # [Hq, N, L]
+        row_lse = torch.logsumexp(scores, dim=-1)  # [Hq, N]
+        o = torch.einsum("hnl,lhd->nhd", torch.softmax(scores, dim=-1), v)
+        out[b] = torch.where(own[b][:, None, None], o, 0.0)
+        lse[b] = torch.where(own[b][:, None], row_lse.T, float("-inf"))
+    return out.to(q.dtype), lse
+
+
+def merge_attention_states(out_a, lse_a, out_b, lse_b):
+    """Softmax merge of two partial attentions over disjoint keys (natural-log LSE).
+
+    out = (e^lse_a out_a + e^lse_b out_b) / (e^lse_a + e^lse_b), lse = log(e^lse_a + e^lse_b);
+    a side with lse = -inf contributes nothing; both -inf gives out 0, lse -inf.
+    """
+    la, lb = lse_a.float(), lse_b.float()
+    lse = torch.logaddexp(la, lb)
+    finite = lse > float("-inf")
+    safe = torch.where(finite, lse, 0.0)
+    wa = torch.where(finite, torch.exp(la - safe), 0.0)[..., None]
+    wb = torch.where(finite, torch.exp(lb - safe), 0.0)[..., None]
+    out = torch.where(wa > 0, wa * out_a.float(), 0.0) + torch.where(wb > 0, wb * out_b.float(), 0.0)
+    return out.to(out_a.dtype), lse
 
 
 # ---------------------------------------------------------------------------------------------- KV commit

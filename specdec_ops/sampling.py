@@ -26,14 +26,18 @@ def _next_pow2(n: int) -> int:
 
 
 def _check_probs(target_probs, draft_probs, draft_shape):
+    """Checked (target_probs, draft_probs); probabilities of two different dtypes are both taken
+    as float32 (the kernels compute in float32 anyway)."""
     check_dtype(target_probs, PROB_DTYPES, "target_probs")
     if target_probs.shape[-1] == 0:
         fail("target_probs must have a non-empty vocab dimension V")
     if draft_probs is not None:
         check_shape(draft_probs, draft_shape, "draft_probs", "[B, K, V]" if len(draft_shape) == 3 else "[T, V]")
-        if draft_probs.dtype != target_probs.dtype:
-            fail(f"draft_probs must have the dtype of target_probs ({target_probs.dtype}), got {draft_probs.dtype}")
+        check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
         check_device(draft_probs, target_probs.device, "draft_probs", "target_probs")
+        if draft_probs.dtype != target_probs.dtype:
+            target_probs, draft_probs = target_probs.float(), draft_probs.float()
+    return target_probs, draft_probs
 
 
 def _check_draft_values(draft_token_ids, used, vocab):
@@ -80,8 +84,9 @@ def rejection_sample(
     draft_token_ids : int32 | int64 [B, K]
     num_draft_tokens : int32 | int64 [B]
         n_b in 0..K: request b uses draft slots 0..n_b-1 and rows 0..n_b.
-    draft_probs : [B, K, V] of target_probs' dtype, optional
+    draft_probs : float32 | float16 | bfloat16 [B, K, V], optional
         q at each draft position; None means one-hot drafts (n-gram, greedy drafters).
+        A dtype other than target_probs' makes both be read as float32 (a copy).
     seeds, offsets : int64 [B], optional
         Random numbers are a pure function of (seeds[b], offsets[b], position,
         purpose, vocab index) (Philox4x32-10, identical on every backend).
@@ -121,7 +126,7 @@ def rejection_sample(
     check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
     check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
     check_device(num_draft_tokens, device, "num_draft_tokens", "target_probs")
-    _check_probs(target_probs, draft_probs, (batch, max_draft, vocab))
+    target_probs, draft_probs = _check_probs(target_probs, draft_probs, (batch, max_draft, vocab))
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
     backend = resolve_backend(backend, device, "rejection_sample", native_op="rejection_sample",
@@ -167,7 +172,7 @@ def rejection_sample_packed(
     cu_num_draft_tokens : int32 | int64 [B + 1]
         Exclusive prefix sums of n_b, starting at 0 and ending at T.
     draft_token_ids : int32 | int64 [T]
-    draft_probs : [T, V] of target_probs' dtype, optional
+    draft_probs : float32 | float16 | bfloat16 [T, V], optional
     seeds, offsets, greedy, backend : as in :func:`rejection_sample`.
     max_num_draft_tokens : int, optional
         K, the output width minus one. Give it to keep the output shape fixed
@@ -193,7 +198,7 @@ def rejection_sample_packed(
     if target_probs.shape[0] != total + batch:
         fail(f"target_probs must have T + B = {total + batch} rows (T = {total} draft tokens, B = {batch} "
              f"requests), got shape {list(target_probs.shape)}")
-    _check_probs(target_probs, draft_probs, (total, vocab))
+    target_probs, draft_probs = _check_probs(target_probs, draft_probs, (total, vocab))
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
     if max_num_draft_tokens is None:

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from . import _ops, reference
-from ._backend import resolve_backend, triton_interpreting
+from ._backend import resolve_backend
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, check_tensor,
                       fail, first_bad)
 
@@ -47,6 +47,13 @@ class TreeInfo(NamedTuple):
 
     mask: torch.Tensor
     depth: torch.Tensor
+
+
+@torch.compiler.assume_constant_result
+def _resolve(backend: str | None, device: torch.device, op: str, native_op: str | None = None,
+             triton_op: str | None = None) -> str:
+    """resolve_backend, evaluated once at trace time under torch.compile (it queries the dispatcher)."""
+    return resolve_backend(backend, device, op, native_op=native_op, triton_op=triton_op)
 
 
 def _values_checked_here(device: torch.device) -> bool:
@@ -122,7 +129,7 @@ def build_tree(parents: torch.Tensor, num_nodes: torch.Tensor | None = None, *,
         check_shape(num_nodes, (batch,), "num_nodes", "[B]")
         check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
         check_device(num_nodes, device, "num_nodes", "parents")
-    backend = resolve_backend(backend, device, "build_tree", native_op="build_tree")
+    backend = _resolve(backend, device, "build_tree", "build_tree")
     if backend == "reference":
         if _values_checked_here(device):
             _check_parents_values(parents, num_nodes)
@@ -469,8 +476,7 @@ def tree_attention(
     device = q.device
     if prefix_backend not in (None, "flash_attn"):
         fail(f"prefix_backend must be None or 'flash_attn', got {prefix_backend!r}")
-    backend = resolve_backend(backend, device, "tree_attention", native_op="tree_attention",
-                              triton_op="tree_attention_triton")
+    backend = _resolve(backend, device, "tree_attention", "tree_attention", "tree_attention_triton")
     if _values_checked_here(device):
         _check_attention_values(prefix_lens, block_table, layout, k_cache.shape[0])
     if prefix_backend == "flash_attn":
@@ -511,8 +517,10 @@ def _cascade_flash_attn(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_
     out_p = torch.where(lens[:, None, None, None] > 0, out_p.reshape(batch, n, hq, d), 0)
     # Tree part only: the Triton kernel with an empty prefix over keys shifted to the tree's slots.
     out_t, lse_t = _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, None, sm_scale, skip_prefix=True)
-    return torch.ops.specdec.merge_attention_states_triton.default(out_p.contiguous(), lse_p.contiguous(), out_t,
-                                                                   lse_t)
+    out, lse = torch.ops.specdec.merge_attention_states_triton.default(out_p.contiguous(), lse_p.contiguous(), out_t,
+                                                                       lse_t)
+    own = _unpack_bits(mask).diagonal(dim1=1, dim2=2)  # padding rows: 0 and -inf, as in the one-pass kernel
+    return torch.where(own[..., None, None], out, 0), torch.where(own[..., None], lse, float("-inf"))
 
 
 # ---------------------------------------------------------------------------------------------- merge
@@ -554,8 +562,8 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
         both sides -inf gives out 0 and lse -inf (never NaN).
     """
     _check_merge_args(out_a, lse_a, out_b, lse_b)
-    backend = resolve_backend(backend, out_a.device, "merge_attention_states", native_op="merge_attention_states",
-                              triton_op="merge_attention_states_triton")
+    backend = _resolve(backend, out_a.device, "merge_attention_states", "merge_attention_states",
+                       "merge_attention_states_triton")
     if backend == "reference":
         return reference.merge_attention_states(out_a, lse_a, out_b, lse_b)
     op = (torch.ops.specdec.merge_attention_states if backend in ("cpu", "cuda")
@@ -594,7 +602,7 @@ _CPU_KEY_CHUNK = 2048
 
 def _tree_attention_cpu(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_scale):
     """CPU composite: per request, the prefix in key chunks without a mask, the tree keys with the
-    bitmask, merged exactly (the cascade the GPU kernel runs in one pass)."""
+    bitmask (appended to the last chunk), chunks merged exactly by their LSE."""
     layout = _check_attention_args(q, k_cache, v_cache, prefix_lens, mask, block_table)
     batch, n, hq, hk, d = layout.batch, layout.nodes, layout.q_heads, layout.kv_heads, layout.head_dim
     if not torch.compiler.is_compiling():
@@ -607,27 +615,30 @@ def _tree_attention_cpu(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_
     bits = _unpack_bits(mask)  # [B, N, N]
     own = bits.diagonal(dim1=1, dim2=2)  # [B, N] real nodes
 
-    def heads_first(x):  # [L, Hk, D] -> [Hk, L, D] float32
-        return x.float().permute(1, 0, 2)
+    def heads_first(x):  # [L, Hk, D] -> [Hk, L, D]
+        return x.permute(1, 0, 2)
 
     for b in range(batch):
         prefix = int(prefix_lens[b])
         # rows r = node * group + g for KV head h: query head h * group + g
         qb = q[b].float().reshape(n, hk, group, d).permute(1, 0, 2, 3).reshape(hk, n * group, d)
-        acc = torch.zeros(hk, n * group, d)
-        lse = torch.full((hk, n * group), float("-inf"))
-        for start in range(0, prefix, _CPU_KEY_CHUNK):  # prefix tiles: no mask
-            length = min(_CPU_KEY_CHUNK, prefix - start)
-            keys = _slots(k_cache, b, start, length, block_table)
-            vals = _slots(v_cache, b, start, length, block_table)
-            o, l = _attend_fp32(qb, heads_first(keys), heads_first(vals), sm_scale)
-            acc, lse = _merge_fp32(acc, lse, o, l)
         vis = bits[b].repeat_interleave(group, dim=0)  # [N * group, N]
         seen = bits[b].any(0)  # tree keys some node sees: the others may hold garbage
-        keys = torch.where(seen[:, None, None], _slots(k_cache, b, prefix, n, block_table).float(), 0.0)
-        vals = torch.where(seen[:, None, None], _slots(v_cache, b, prefix, n, block_table).float(), 0.0)
-        o, l = _attend_fp32(qb, heads_first(keys), heads_first(vals), sm_scale, vis)
-        acc, lse = _merge_fp32(acc, lse, o, l)
+        tree_k = torch.where(seen[:, None, None], _slots(k_cache, b, prefix, n, block_table).float(), 0.0)
+        tree_v = torch.where(seen[:, None, None], _slots(v_cache, b, prefix, n, block_table).float(), 0.0)
+        # Prefix chunks need no mask; the tree keys join the last chunk with the bitmask.
+        starts = list(range(0, prefix, _CPU_KEY_CHUNK)) or [0]
+        acc = lse = None
+        for start in starts:
+            length = min(_CPU_KEY_CHUNK, prefix - start)
+            keys = _slots(k_cache, b, start, length, block_table).float()
+            vals = _slots(v_cache, b, start, length, block_table).float()
+            visible = None
+            if start == starts[-1]:
+                keys, vals = torch.cat([keys, tree_k]), torch.cat([vals, tree_v])
+                visible = torch.cat([torch.ones(n * group, length, dtype=torch.bool), vis], dim=1)
+            o, l = _attend_fp32(qb, heads_first(keys), heads_first(vals), sm_scale, visible)
+            acc, lse = (o, l) if acc is None else _merge_fp32(acc, lse, o, l)
         acc = acc.reshape(hk, n, group, d).permute(1, 0, 2, 3).reshape(n, hq, d)
         lse = lse.reshape(hk, n, group).permute(1, 0, 2).reshape(n, hq)
         out[b] = torch.where(own[b][:, None, None], acc, 0.0)
@@ -712,6 +723,10 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
     block_d = max(16, _next_pow2(d))
     block_n = 64 if block_d <= 128 else 32
     block_m = min(64, max(16, _next_pow2(n * group)))
+    if q.dtype == torch.float32 and block_d >= 256:  # keep fp32 tiles well inside shared memory
+        block_m, block_n = min(block_m, 32), 16
+    elif q.dtype == torch.float32 and block_d >= 128:
+        block_n = 32
     m_tiles = -(-(n * group) // block_m)
     splits = 1 if skip_prefix else _num_splits(m_tiles * batch * hk, capacity, q.device)
     chunk = -(-max(capacity, 1) // splits)
@@ -729,10 +744,10 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
         so, sl = out_buf.stride(), lse_buf.stride()
     tree_attention_kernel[(m_tiles, batch * hk, splits)](
         q, k_cache, v_cache, prefix, mask_c, table, out_buf, lse_buf,
-        sm_scale * 1.4426950408889634, n, mask_c.shape[2], group, hk, capacity, chunk,
+        sm_scale * 1.4426950408889634, n, mask_c.shape[2], group, hk, capacity, chunk, splits,
         k_cache.shape[0], k_cache.shape[1] if paged else 1, table.stride(0) if paged else 0, d,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *so, *sl,
-        PAGED=paged, SKIP_PREFIX=skip_prefix, NUM_SPLITS=splits,
+        PAGED=paged, SKIP_PREFIX=skip_prefix,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32,
         num_warps=4 if block_d <= 128 else 8, num_stages=2,

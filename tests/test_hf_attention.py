@@ -15,12 +15,20 @@ pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 0]  # 8 nodes, depth up to 3
 
 
-def _tiny_llama(num_kv_heads=2):
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=num_kv_heads, head_dim=16,
-                                      max_position_embeddings=128)
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+}
+
+
+def _tiny_llama(num_kv_heads=2, family="llama"):
+    config_cls, model_cls = FAMILIES[family]
+    config = config_cls(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=num_kv_heads, head_dim=16,
+                        max_position_embeddings=128)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = model_cls(config).eval()
     return model
 
 
@@ -44,10 +52,12 @@ def _prefix_cache(model, prompt):
     return cache
 
 
-@pytest.mark.parametrize("num_kv_heads", [2, 4])
-@pytest.mark.parametrize("tree_backend", [None, "cpu", "reference", "triton"])
-def test_specdec_tree_forward_equals_dense_mask_forward(num_kv_heads, tree_backend):
-    model = _tiny_llama(num_kv_heads)
+@pytest.mark.parametrize("family, num_kv_heads, tree_backend", [
+    ("llama", 2, None), ("llama", 4, None), ("llama", 2, "cpu"), ("llama", 4, "cpu"), ("llama", 2, "reference"),
+    ("llama", 2, "triton"), ("llama", 4, "triton"), ("qwen2", 2, None), ("qwen2", 2, "cpu"), ("mistral", 2, "cpu"),
+])
+def test_specdec_tree_forward_equals_dense_mask_forward(family, num_kv_heads, tree_backend):
+    model = _tiny_llama(num_kv_heads, family)
     batch, prefix = 2, 11
     prompt = torch.randint(0, 97, (batch, prefix))
     tree_ids = torch.randint(0, 97, (batch, len(PARENTS)))
@@ -97,5 +107,28 @@ def test_specdec_tree_needs_prefix_lens():
 
 
 def test_registered_under_its_name():
-    hf_attention.register()
+    specdec_ops.register_hf_attention()
     assert transformers.AttentionInterface._global_mapping[hf_attention.NAME] is hf_attention.specdec_tree_attention
+
+
+@pytest.mark.cuda
+def test_specdec_tree_forward_on_cuda_runs_the_kernel_and_matches_dense_mask():
+    model = _tiny_llama(2).cuda()
+    batch, prefix = 2, 40
+    prompt = torch.randint(0, 97, (batch, prefix), device="cuda")
+    tree_ids = torch.randint(0, 97, (batch, len(PARENTS)), device="cuda")
+    info = specdec_ops.build_tree(torch.tensor([PARENTS] * batch, device="cuda"))
+    prefix_lens = torch.full((batch,), prefix, device="cuda")
+    positions = prefix_lens[:, None] + info.depth
+    model.set_attn_implementation("sdpa")
+    cache = _prefix_cache(model, prompt)
+    dense = _dense_tree_mask(PARENTS, prefix, prefix + len(PARENTS), torch.float32).cuda().expand(batch, -1, -1, -1)
+    with torch.no_grad():
+        expected = model(tree_ids, position_ids=positions, attention_mask=dense, past_key_values=cache).logits
+    hf_attention.register()
+    model.set_attn_implementation(hf_attention.NAME)
+    cache = _prefix_cache(model, prompt)
+    with torch.no_grad():
+        got = model(tree_ids, position_ids=positions, past_key_values=cache, tree_mask=info.mask,
+                    prefix_lens=prefix_lens).logits
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-3)

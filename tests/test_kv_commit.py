@@ -69,7 +69,10 @@ def make_case(layout, dtype, *, batch=3, window=7, width=6, seed=0, chain=False,
         block_table = None
         capacity = slots
     seq_lens = torch.tensor([rng.randint(0, capacity - window) for _ in range(batch)], dtype=torch.int32)
-    path = torch.tensor([random_path(window, width, rng, chain) for _ in range(batch)], dtype=torch.int64)
+    rows = [random_path(window, width, rng, chain) for _ in range(batch)]
+    if not chain:  # at least one request whose moves overlap: slot 2 is written after being read for slot 1
+        rows[0] = [0, 2, 3, window - 1] + [-1] * (width - 4)
+    path = torch.tensor(rows, dtype=torch.int64)
     caches, owners = [], []
     for layer, (heads, dim) in enumerate(HEADS):
         for _kv in range(2):
@@ -111,7 +114,8 @@ def assert_committed(caches, expected, seq_lens, expected_lens):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_matches_out_of_place_gather(cpu_backend, layout, dtype):
-    caches, owners, seq_lens, path, table = make_case(layout, dtype, seed=hash((layout, str(dtype))) % 1000)
+    seed = 10 * LAYOUTS.index(layout) + DTYPES.index(dtype)
+    caches, owners, seq_lens, path, table = make_case(layout, dtype, seed=seed)
     assert any(int(path[b, i]) > i for b in range(path.shape[0]) for i in range(path.shape[1]))  # real moves
     expected, expected_lens = gather_expected(caches, seq_lens, path, table)
     specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend=cpu_backend)
@@ -210,7 +214,7 @@ def test_triton_kernel_ends_path_at_first_bad_entry(layout):
     capacity = 16 if table is None else 20
     path[0] = torch.tensor([0, 2, 2, 4, -1, -1])           # not increasing at 2
     path[1] = torch.tensor([0, 3, capacity, 5, -1, -1])    # outside at 2
-    path[2] = torch.tensor([0, 1, -1, 3, -1, -1])          # padding in the middle
+    path[2] = torch.tensor([0, -2, -1, 3, -1, -1])         # padding in the middle (garbage after it)
     if table is not None:
         table[0, 1] = -1  # request 0's second block unallocated: its path may end earlier
     expected = [c.clone() for c in caches]
@@ -220,7 +224,7 @@ def test_triton_kernel_ends_path_at_first_bad_entry(layout):
     assert torch.equal(seq_lens, expected_lens)
     for c, e in zip(caches, expected):
         assert torch.equal(bits(c), bits(e))
-    assert (expected_lens - make_case(layout, torch.float32, seed=21)[2]).tolist()[1:] == [2, 2]
+    assert (expected_lens - make_case(layout, torch.float32, seed=21)[2]).tolist()[1:] == [2, 1]
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -299,6 +303,7 @@ def test_paged_path_outside_the_requests_blocks(cpu_backend):
     (lambda a: a.update(caches=[a["caches"][0], a["caches"][1][:, :8]]), r"caches\[1\]"),
     (lambda a: a.update(caches=[a["caches"][0][:2]]), r"caches\[0\]"),
     (lambda a: a.update(caches=a["caches"][0]), "caches"),
+    (lambda a: a.update(caches=[a["caches"][0], 3]), r"caches\[1\] must be a torch.Tensor"),
     (lambda a: a.update(block_table=torch.zeros(3, 2)), "block_table"),
     (lambda a: a.update(block_table=torch.zeros(2, 2, dtype=torch.int32)), "block_table"),
 ])
@@ -315,7 +320,7 @@ def test_native_op_checks_too():
     caches, seq_lens, path, _ = _case_for_errors()
     with pytest.raises(RuntimeError, match="seq_lens must be int32"):
         torch.ops.specdec.kv_commit.default(caches, seq_lens.long(), path, None)
-    with pytest.raises(RuntimeError, match=r"caches\[1\] must have the S"):
+    with pytest.raises(ValueError, match=r"caches\[1\] must have the S"):
         torch.ops.specdec.kv_commit.default([caches[0], caches[1][:, :8]], seq_lens, path, None)
     path[0, 1] = 0
     with pytest.raises(ValueError, match=r"accepted_path\[0, 1\] = 0 is not greater"):
@@ -424,6 +429,16 @@ def test_cuda_bad_entries_end_the_path(backend, layout):
     assert torch.equal(gpu[1].cpu(), seq_lens)
     for c, g in zip(caches, gpu[0]):
         assert torch.equal(bits(g).cpu(), bits(c))
+
+
+@pytest.mark.cuda
+def test_cuda_mixed_devices_name_the_cache():
+    caches, seq_lens, path, _ = _case_for_errors()
+    for backend in ("cpu", "reference"):
+        with pytest.raises(ValueError, match=r"caches\[1\]"):
+            specdec_ops.kv_commit([caches[0], caches[1].cuda()], seq_lens, path, backend=backend)
+    with pytest.raises(ValueError, match=r"caches\[0\]"):
+        specdec_ops.kv_commit([caches[0]], seq_lens.cuda(), path.cuda(), backend="cuda")
 
 
 @pytest.mark.cuda

@@ -117,6 +117,15 @@ def test_packed_matches_padded(cpu_backend, draft_probs):
     assert_same(padded, packed)
 
 
+def test_mixed_probability_dtypes_and_int32_seeds(cpu_backend):
+    # float16 target with float32 draft probabilities: both read as float32; int32 seeds widen to int64.
+    args = make_batch(4, 3, 40, seed=12, temperature=0.5)
+    args["target_probs"] = args["target_probs"].half()
+    args["seeds"] = args["seeds"] % 2**31
+    want = call(dict(args, target_probs=args["target_probs"].float()), "reference")
+    assert_same(call(dict(args, seeds=args["seeds"].to(torch.int32)), cpu_backend), want)
+
+
 def test_packed_width_defaults_to_largest_request():
     args = make_batch(3, 4, 20, seed=2)
     args["num_draft_tokens"] = torch.tensor([1, 2, 0])
@@ -318,8 +327,8 @@ def _good():
     ("num_draft_tokens", torch.zeros(3, dtype=torch.int64), "num_draft_tokens"),
     ("num_draft_tokens", torch.zeros(2, dtype=torch.float32), "num_draft_tokens"),
     ("draft_probs", torch.rand(2, 3, 11), "draft_probs"),
-    ("draft_probs", torch.rand(2, 3, 10).half(), "draft_probs"),
-    ("seeds", torch.zeros(2, dtype=torch.int32), "seeds"),
+    ("draft_probs", torch.rand(2, 3, 10).double(), "draft_probs"),
+    ("seeds", torch.zeros(2, dtype=torch.float32), "seeds"),
     ("offsets", torch.zeros(3, dtype=torch.int64), "offsets"),
 ])
 def test_bad_shapes_and_dtypes_name_the_argument(field, value, match):
@@ -511,3 +520,19 @@ def test_cuda_graph_capture_and_replay():
         torch.cuda.synchronize()
         expected = call(args, "cuda", greedy)
         assert torch.equal(out.token_ids, expected.token_ids)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_triton_kernel_compiles_for_sm90_without_a_gpu():
+    """The interpreter does not run Triton's code generator: compile every variant of the kernel to
+    sm_90 ahead of time, so what only the real compiler rejects fails here."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, os.path.join(here, "aot_rejection_kernel.py")], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]

@@ -30,7 +30,7 @@ def kv_commit_kernel(cache_ptr, seq_lens_ptr, path_ptr, block_table_ptr,
     inside = i < max_path
     a = tl.load(path_ptr + b * path_stride + i, mask=inside, other=-1).to(tl.int64)
     prev = tl.load(path_ptr + b * path_stride + i - 1, mask=inside & (i > 0), other=-1).to(tl.int64)
-    ok = inside & (seq_len >= 0) & tl.where(i == 0, a == 0, a > prev)
+    ok = inside & (seq_len >= 0) & (a >= 0) & tl.where(i == 0, a == 0, a > prev)
     ok = ok & (a < capacity) & (i < capacity) & (a < capacity - seq_len) & (i < capacity - seq_len)
     src_pos = seq_len + a
     dst_pos = seq_len + i

@@ -7,14 +7,14 @@ key = (lo32(seed), hi32(seed)); word vocab_index % 4 of the block.
 import triton
 import triton.language as tl
 
-PURPOSE_ACCEPT: tl.constexpr = 0
-PURPOSE_RESIDUAL: tl.constexpr = 1
-PURPOSE_BONUS: tl.constexpr = 2
+PURPOSE_ACCEPT = tl.constexpr(0)
+PURPOSE_RESIDUAL = tl.constexpr(1)
+PURPOSE_BONUS = tl.constexpr(2)
 
-_M0: tl.constexpr = 0xD2511F53
-_M1: tl.constexpr = 0xCD9E8D57
-_W0: tl.constexpr = 0x9E3779B9
-_W1: tl.constexpr = 0xBB67AE85
+_M0 = tl.constexpr(0xD2511F53)
+_M1 = tl.constexpr(0xCD9E8D57)
+_W0 = tl.constexpr(0x9E3779B9)
+_W1 = tl.constexpr(0xBB67AE85)
 
 
 @triton.jit

@@ -59,10 +59,10 @@ def row_race(p_row_ptr, q_row_ptr, draft, residual, vocab, seed, offset, positio
             q = tl.where(idx == draft, 1.0, 0.0)
         mass = prob_mass(p)
         noise = tl.where(mass > 0, exp_noise(philox_bits(seed, offset, position, purpose, idx)), 1.0)
-        score_p = tl.where(inside, tl.where(mass > 0, mass / noise, 0.0), -1.0)
+        score_p = tl.where(inside, tl.where(mass > 0, tl.math.div_rn(mass, noise), 0.0), -1.0)
         diff = mass - prob_mass(q)
         r = tl.where(diff > 0, diff, 0.0)
-        score_r = tl.where(inside, tl.where(r > 0, r / noise, 0.0), -1.0)
+        score_r = tl.where(inside, tl.where(r > 0, tl.math.div_rn(r, noise), 0.0), -1.0)
 
         tile_p = tl.max(score_p, 0)
         tile_p_index = tl.min(tl.where(score_p == tile_p, idx, 0x7FFFFFFFFFFFFFFF), 0)

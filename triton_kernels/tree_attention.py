@@ -7,7 +7,7 @@ G query heads sharing a KV head share every K/V tile). Online softmax in base 2.
   - tree tiles (keys prefix_lens[b] + t, t < N) load one 64-bit mask word per row
     (BLOCK_N divides 64, so a tile lies inside one word) and test the bits in-kernel.
 Split-KV (grid axis 2): split s covers prefix keys [s * chunk, (s + 1) * chunk); the
-last split also takes the tree tiles. With NUM_SPLITS > 1 the partial results go to
+last split also takes the tree tiles. With num_splits > 1 the partial results go to
 float32 buffers and combine_splits_kernel merges them by their LSE.
 
 Contiguous caches are addressed as [B, S, Hk, D] with any strides, paged caches as
@@ -19,7 +19,7 @@ LSE -inf; an all-hidden row never produces NaN. LSE out is the natural log.
 import triton
 import triton.language as tl
 
-LN2 = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -48,18 +48,18 @@ def _online_update(m_i, l_i, acc, s, v, p_dtype):
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["num_nodes", "capacity", "chunk", "num_blocks"])
+@triton.jit(do_not_specialize=["num_nodes", "capacity", "chunk", "num_blocks", "num_splits"])
 def tree_attention_kernel(
     q_ptr, k_ptr, v_ptr, prefix_lens_ptr, mask_ptr, table_ptr, out_ptr, lse_ptr,
     qk_scale,  # sm_scale * log2(e)
-    num_nodes, num_words, group, num_kv_heads, capacity, chunk,
+    num_nodes, num_words, group, num_kv_heads, capacity, chunk, num_splits,
     num_blocks, block_size, table_stride, head_dim,
     stride_qb, stride_qn, stride_qh, stride_qd,
     stride_k0, stride_k1, stride_kh, stride_kd,
     stride_v0, stride_v1, stride_vh, stride_vd,
     stride_os, stride_ob, stride_on, stride_oh, stride_od,
     stride_ls, stride_lb, stride_ln, stride_lh,
-    PAGED: tl.constexpr, SKIP_PREFIX: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    PAGED: tl.constexpr, SKIP_PREFIX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -80,7 +80,7 @@ def tree_attention_kernel(
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     prefix = tl.load(prefix_lens_ptr + b)
-    prefix = tl.minimum(tl.maximum(prefix, 0), capacity)
+    prefix = tl.minimum(tl.maximum(prefix, 0), capacity).to(tl.int32)
     mask_rows = mask_ptr + (b.to(tl.int64) * num_nodes + node.to(tl.int64)) * num_words
     own_word = tl.load(mask_rows + node // 64, mask=row_ok, other=0)
     real = row_ok & (((own_word >> (node % 64).to(tl.int64)) & 1) != 0)
@@ -110,7 +110,7 @@ def tree_attention_kernel(
             m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, p_dtype)
 
     # ---- tree tiles (last split only): keys prefix + t, visible iff bit t of the row
-    tree_end = tl.where(split == NUM_SPLITS - 1, num_nodes, 0)
+    tree_end = tl.where(split == num_splits - 1, num_nodes, 0)
     for t0 in range(0, tree_end, BLOCK_N):
         t = t0 + offs_n
         pos = prefix + t
@@ -183,8 +183,10 @@ def merge_states_kernel(out_a_ptr, lse_a_ptr, out_b_ptr, lse_b_ptr, out_ptr, lse
     wb = tl.exp(lb - m_safe)
     total = wa + wb
     total_safe = tl.where(total > 0, total, 1.0)
-    a = tl.load(out_a_ptr + row * head_dim + d, mask=d_ok & (wa > 0), other=0.0).to(tl.float32)
-    b = tl.load(out_b_ptr + row * head_dim + d, mask=d_ok & (wb > 0), other=0.0).to(tl.float32)
-    out = (a * wa + b * wb) / total_safe
+    a = tl.load(out_a_ptr + row * head_dim + d, mask=d_ok, other=0.0).to(tl.float32)
+    b = tl.load(out_b_ptr + row * head_dim + d, mask=d_ok, other=0.0).to(tl.float32)
+    a = tl.where(wa > 0, a * wa, 0.0)  # an empty side's output (maybe garbage) is never used
+    b = tl.where(wb > 0, b * wb, 0.0)
+    out = (a + b) / total_safe
     tl.store(out_ptr + row * head_dim + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
     tl.store(lse_ptr + row, tl.where(total > 0, m_safe + tl.log(total_safe), float("-inf")))

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "prob_dtype.h"
+
 namespace specdec {
 
 inline void check_rank(const at::Tensor& t, int64_t rank, const char* name, const char* shape) {
@@ -30,6 +32,15 @@ inline void check_prob_dtype(const at::Tensor& t, const char* name) {
 inline void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
   TORCH_CHECK(t.device() == ref.device(), name, " must be on the same device as ", ref_name, " (", ref.device(),
               "), got ", t.device());
+}
+
+// The kernels' view of a probability tensor's dtype (checked by check_prob_dtype).
+inline ProbDType prob_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return ProbDType::kFloat16;
+    case at::kBFloat16: return ProbDType::kBFloat16;
+    default: return ProbDType::kFloat32;
+  }
 }
 
 }  // namespace specdec

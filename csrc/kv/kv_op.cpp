@@ -67,6 +67,9 @@ void check_values_cpu(const KVCommitParams& p) {
   }
 }
 
+// The per-cache checks raise ValueError (shapes, devices) / TypeError (dtypes): the
+// Python wrapper leaves them to this function on the cpu and cuda backends (one C++
+// loop instead of a Python one per call) and re-raises them as SpecDecArgumentError.
 void kv_commit(at::TensorList caches, const at::Tensor& seq_lens, const at::Tensor& accepted_path,
                const std::optional<at::Tensor>& block_table) {
   check_rank(seq_lens, 1, "seq_lens", "[B]");
@@ -93,23 +96,23 @@ void kv_commit(at::TensorList caches, const at::Tensor& seq_lens, const at::Tens
   descs.reserve(caches.size());
   for (size_t l = 0; l < caches.size(); ++l) {
     const at::Tensor& c = caches[l];
-    TORCH_CHECK(c.dim() == 4, "caches[", l, "] must be 4-D ",
+    TORCH_CHECK_VALUE(c.dim() == 4, "caches[", l, "] must be 4-D ",
                 paged ? "[num_blocks, block_size, H, D]" : "[B, S, H, D]", ", got shape ", c.sizes());
-    TORCH_CHECK(kv_dtype_ok(c.scalar_type()), "caches[", l,
+    TORCH_CHECK_TYPE(kv_dtype_ok(c.scalar_type()), "caches[", l,
                 "] must have dtype float32, float16, bfloat16 or a 1-byte type (uint8, int8, float8), got ",
                 c.scalar_type());
-    TORCH_CHECK(c.device() == seq_lens.device(), "caches[", l, "] must be on the same device as seq_lens (",
+    TORCH_CHECK_VALUE(c.device() == seq_lens.device(), "caches[", l, "] must be on the same device as seq_lens (",
                 seq_lens.device(), "), got ", c.device());
     const at::Tensor& c0 = caches[0];
     if (paged) {
-      TORCH_CHECK(c.size(1) >= 1, "caches[", l, "] must have block_size >= 1, got shape ", c.sizes());
-      TORCH_CHECK(c.size(0) == c0.size(0) && c.size(1) == c0.size(1), "caches[", l,
+      TORCH_CHECK_VALUE(c.size(1) >= 1, "caches[", l, "] must have block_size >= 1, got shape ", c.sizes());
+      TORCH_CHECK_VALUE(c.size(0) == c0.size(0) && c.size(1) == c0.size(1), "caches[", l,
                   "] must have the num_blocks and block_size of caches[0] (", c0.size(0), ", ", c0.size(1),
                   "), got shape ", c.sizes());
     } else {
-      TORCH_CHECK(c.size(0) == batch, "caches[", l, "] must have shape [B, S, H, D] with B = ", batch,
+      TORCH_CHECK_VALUE(c.size(0) == batch, "caches[", l, "] must have shape [B, S, H, D] with B = ", batch,
                   " (the size of seq_lens), got ", c.sizes());
-      TORCH_CHECK(c.size(1) == c0.size(1), "caches[", l, "] must have the S of caches[0] (", c0.size(1), "), got ",
+      TORCH_CHECK_VALUE(c.size(1) == c0.size(1), "caches[", l, "] must have the S of caches[0] (", c0.size(1), "), got ",
                   c.sizes());
     }
     const int64_t es = c.element_size();

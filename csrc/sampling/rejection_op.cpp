@@ -17,14 +17,6 @@ cudaError_t launch_rejection_sample_cuda(const RejectionParams& params, cudaStre
 namespace specdec {
 namespace {
 
-ProbDType prob_dtype(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kHalf: return ProbDType::kFloat16;
-    case at::kBFloat16: return ProbDType::kBFloat16;
-    default: return ProbDType::kFloat32;
-  }
-}
-
 void check_common(const at::Tensor& target_probs, const std::optional<at::Tensor>& draft_probs,
                   const at::Tensor& draft_token_ids, const at::Tensor& seeds, const at::Tensor& offsets,
                   const std::optional<at::Tensor>& greedy, int64_t batch) {
@@ -51,34 +43,33 @@ void check_common(const at::Tensor& target_probs, const std::optional<at::Tensor
   }
 }
 
-// CPU only: index values the kernel would otherwise read out of range.
+// CPU only: index values the kernel would otherwise read out of range. The
+// lengths are validated in full before any draft id is read through them.
 void check_values_cpu(const RejectionParams& p, const char* lengths_name) {
-  for (int64_t b = 0; b < p.batch; ++b) {
-    int64_t base, n;
-    if (p.packed) {
+  if (p.packed) {
+    TORCH_CHECK_VALUE(p.lengths[0] == 0, lengths_name, "[0] must be 0, got ", p.lengths[0]);
+    for (int64_t b = 0; b < p.batch; ++b) {
       const int64_t lo = p.lengths[b], hi = p.lengths[b + 1];
-      TORCH_CHECK_VALUE(b > 0 || lo == 0, lengths_name, "[0] must be 0, got ", lo);
       TORCH_CHECK_VALUE(hi >= lo, lengths_name, " must be non-decreasing, got ", lengths_name, "[", b + 1, "] = ",
                         hi, " < ", lengths_name, "[", b, "] = ", lo);
-      n = hi - lo;
-      base = lo;
-      TORCH_CHECK_VALUE(n <= p.max_draft, "request ", b, " has ", n,
+      TORCH_CHECK_VALUE(hi - lo <= p.max_draft, "request ", b, " has ", hi - lo,
                         " draft tokens, more than max_num_draft_tokens = ", p.max_draft);
-    } else {
-      n = p.lengths[b];
-      base = b * p.max_draft;
-      TORCH_CHECK_VALUE(n >= 0 && n <= p.max_draft, lengths_name, "[", b, "] = ", n, " is outside [0, K = ",
-                        p.max_draft, "]");
     }
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t x = p.draft_token_ids[base + k];
+    TORCH_CHECK_VALUE(p.lengths[p.batch] == p.num_draft_rows, lengths_name, "[B] = ", p.lengths[p.batch],
+                      " must equal the number of draft tokens T = ", p.num_draft_rows);
+  } else {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      TORCH_CHECK_VALUE(p.lengths[b] >= 0 && p.lengths[b] <= p.max_draft, lengths_name, "[", b, "] = ",
+                        p.lengths[b], " is outside [0, K = ", p.max_draft, "]");
+    }
+  }
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const RequestRows rows = request_rows(p, b);
+    for (int64_t k = 0; k < rows.num_drafts; ++k) {
+      const int64_t x = p.draft_token_ids[rows.draft_base + k];
       TORCH_CHECK_VALUE(x >= 0 && x < p.vocab, "draft_token_ids has id ", x, " (request ", b, ", draft ", k,
                         ") outside the vocabulary [0, ", p.vocab, ")");
     }
-  }
-  if (p.packed) {
-    TORCH_CHECK_VALUE(p.lengths[p.batch] == p.num_draft_rows, lengths_name, "[B] = ", p.lengths[p.batch],
-                      " must equal the number of draft tokens T = ", p.num_draft_rows);
   }
 }
 

@@ -5,10 +5,9 @@
 #include <cstdint>
 
 #include "../common/macros.h"
+#include "../common/prob_dtype.h"
 
 namespace specdec {
-
-enum class ProbDType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 struct RejectionParams {
   const void* target_probs;        // rows of `vocab` entries

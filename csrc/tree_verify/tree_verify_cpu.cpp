@@ -105,14 +105,13 @@ void verify_request(const TreeVerifyParams& p, int64_t b) {
         rejected = true;
       }
     }
-    // Exponential race over p' at u.
+    // Exponential race over p' at u (r_m with draft_probs: the race is scale invariant).
     const uint32_t purpose = tree_final_purpose(rejected);
-    const float z_m = tree_normalizer(z, m);
-    (void)z_m;
     ArgMax best = argmax_init();
     Philox4 bits{};
     for (int64_t i = 0; i < V; ++i) {
-      if ((i & 3) == 0) bits = philox_block(seed, offset, static_cast<uint32_t>(u), purpose, static_cast<uint32_t>(i >> 2));
+      if ((i & 3) == 0)
+        bits = philox_block(seed, offset, static_cast<uint32_t>(u), purpose, static_cast<uint32_t>(i >> 2));
       const float pi = load<T>(p.target_probs, row(u), V, i);
       float mass;
       if (p.draft_probs != nullptr) {

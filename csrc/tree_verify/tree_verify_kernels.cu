@@ -19,44 +19,16 @@
 
 #include <cstdint>
 
+#include "../sampling/sampling_cuda.cuh"
 #include "tree_verify_math.h"
 #include "tree_verify_params.h"
 
 namespace specdec {
 namespace {
 
-constexpr int kMaxThreads = 1024;
-constexpr unsigned kFullMask = 0xffffffffu;
+using namespace cuda;
+
 constexpr int64_t kMaxStagedNodes = 4096;  // 8 bytes each in dynamic shared memory
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// Four consecutive entries i0 .. i0+3 of a row; entries at or past `vocab` read as 0.
-template <typename T>
-__device__ __forceinline__ void load4(const T* __restrict__ row, int64_t vocab, int64_t i0, bool aligned,
-                                      float out[4]) {
-  if (aligned && i0 + 3 < vocab) {
-    if constexpr (sizeof(T) == 4) {
-      const float4 v = *reinterpret_cast<const float4*>(row + i0);
-      out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
-    } else {
-      const uint2 v = *reinterpret_cast<const uint2*>(row + i0);
-      const T* h = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) out[j] = to_float(h[j]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = i0 + j < vocab ? to_float(row[i0 + j]) : 0.f;
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ bool aligned4(const T* row) {
-  return row != nullptr && (reinterpret_cast<uintptr_t>(row) % (4 * sizeof(T))) == 0;
-}
 
 struct Scratch {
   ArgMax argmax[32];
@@ -65,32 +37,8 @@ struct Scratch {
   int found;
 };
 
-__device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    ArgMax b{__shfl_down_sync(kFullMask, a.score, o),
-             static_cast<int64_t>(__shfl_down_sync(kFullMask, static_cast<long long>(a.index), o))};
-    a = argmax_merge(a, b);
-  }
-  return a;
-}
-
-// Block-wide argmax (first index on ties); every thread gets the result.
-__device__ ArgMax block_argmax(ArgMax a, Scratch& s) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  a = warp_argmax(a);
-  if (lane == 0) s.argmax[warp] = a;
-  __syncthreads();
-  if (warp == 0) {
-    a = lane < static_cast<int>(blockDim.x >> 5) ? s.argmax[lane] : argmax_init();
-    a = warp_argmax(a);
-    if (lane == 0) s.argmax[0] = a;
-  }
-  __syncthreads();
-  const ArgMax result = s.argmax[0];
-  __syncthreads();
-  return result;
-}
+// Block-wide argmax through the scratch's argmax slots; every thread gets the result.
+__device__ __forceinline__ ArgMax block_argmax(ArgMax a, Scratch& s) { return cuda::block_argmax(a, s.argmax); }
 
 // Block-wide sum of a float and a count; every thread gets both.
 __device__ void block_sum(float& v, long long& c, Scratch& s) {
@@ -127,16 +75,7 @@ __device__ void block_sum(float& v, long long& c, Scratch& s) {
 
 template <typename T>
 __device__ int64_t row_argmax(const T* __restrict__ row, int64_t vocab, Scratch& s) {
-  const bool aligned = aligned4(row);
-  ArgMax best = argmax_init();
-  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
-    float v[4];
-    load4(row, vocab, 4 * g, aligned, v);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (4 * g + j < vocab) argmax_update(best, prob_mass(v[j]), 4 * g + j);
-  }
-  return block_argmax(best, s).index;
+  return cuda::row_argmax(row, vocab, s.argmax);
 }
 
 // Sum and number of entries with mass of p_u (the first child of u, no draft_probs).
@@ -328,17 +267,11 @@ __global__ void __launch_bounds__(kMaxThreads) tree_verify_kernel(const TreeVeri
   }
 }
 
-int threads_for(int64_t vocab) {
-  int threads = 32;
-  while (threads < kMaxThreads && 4 * static_cast<int64_t>(threads) < vocab) threads *= 2;
-  return threads;
-}
-
 }  // namespace
 
 cudaError_t launch_tree_rejection_sample_cuda(const TreeVerifyParams& params, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(params.batch));
-  const dim3 block(threads_for(params.vocab));
+  const dim3 block(threads_for_vocab(params.vocab));
   const size_t smem = params.max_nodes <= kMaxStagedNodes ? 2 * sizeof(int32_t) * params.max_nodes : 0;
   switch (params.dtype) {
     case ProbDType::kFloat32: tree_verify_kernel<float><<<grid, block, smem, stream>>>(params); break;

@@ -17,14 +17,6 @@ cudaError_t launch_tree_rejection_sample_cuda(const TreeVerifyParams& params, cu
 namespace specdec {
 namespace {
 
-ProbDType prob_dtype(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kHalf: return ProbDType::kFloat16;
-    case at::kBFloat16: return ProbDType::kBFloat16;
-    default: return ProbDType::kFloat32;
-  }
-}
-
 void check_args(const at::Tensor& target_probs, const at::Tensor& tree_token_ids, const at::Tensor& parents,
                 const std::optional<at::Tensor>& num_nodes, const std::optional<at::Tensor>& draft_probs,
                 const at::Tensor& seeds, const at::Tensor& offsets, const std::optional<at::Tensor>& greedy) {

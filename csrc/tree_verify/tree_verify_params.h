@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "../common/macros.h"
-#include "../sampling/rejection_params.h"  // ProbDType
+#include "../common/prob_dtype.h"
 
 namespace specdec {
 

@@ -1,0 +1,100 @@
+// Device-side building blocks shared by the sampling kernels (chain:
+// rejection_kernels.cu, tree: tree_verify/tree_verify_kernels.cu). CUDA only,
+// no torch headers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "sampling_math.h"
+
+namespace specdec {
+namespace cuda {
+
+constexpr int kMaxThreads = 1024;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Whether a row can be read 4 entries at a time (16 bytes for fp32, 8 for half types).
+template <typename T>
+__device__ __forceinline__ bool aligned4(const T* row) {
+  return row != nullptr && (reinterpret_cast<uintptr_t>(row) % (4 * sizeof(T))) == 0;
+}
+
+// Four consecutive entries i0 .. i0+3 of a row; entries at or past `vocab` read as 0.
+template <typename T>
+__device__ __forceinline__ void load4(const T* __restrict__ row, int64_t vocab, int64_t i0, bool aligned,
+                                      float out[4]) {
+  if (aligned && i0 + 3 < vocab) {
+    if constexpr (sizeof(T) == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(row + i0);
+      out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(row + i0);
+      const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) out[j] = to_float(h[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = i0 + j < vocab ? to_float(row[i0 + j]) : 0.f;
+  }
+}
+
+__device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ArgMax b{__shfl_down_sync(kFullMask, a.score, o),
+             static_cast<int64_t>(__shfl_down_sync(kFullMask, static_cast<long long>(a.index), o))};
+    a = argmax_merge(a, b);
+  }
+  return a;
+}
+
+// Block-wide argmax (first index on ties) through `smem` (32 entries); every thread gets the result.
+__device__ __forceinline__ ArgMax block_argmax(ArgMax a, ArgMax* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  a = warp_argmax(a);
+  if (lane == 0) smem[warp] = a;
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < static_cast<int>(blockDim.x >> 5) ? smem[lane] : argmax_init();
+    a = warp_argmax(a);
+    if (lane == 0) smem[0] = a;
+  }
+  __syncthreads();
+  const ArgMax result = smem[0];
+  __syncthreads();
+  return result;
+}
+
+// argmax of prob_mass over one row (greedy verification), first index on ties.
+template <typename T>
+__device__ int64_t row_argmax(const T* __restrict__ row, int64_t vocab, ArgMax* smem) {
+  const bool aligned = aligned4(row);
+  ArgMax best = argmax_init();
+  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
+    float v[4];
+    load4(row, vocab, 4 * g, aligned, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (4 * g + j < vocab) argmax_update(best, prob_mass(v[j]), 4 * g + j);
+  }
+  return block_argmax(best, smem).index;
+}
+
+// Threads per block for rows of `vocab` entries read 4 at a time: a power of two in [32, 1024].
+inline int threads_for_vocab(int64_t vocab) {
+  int threads = 32;
+  while (threads < kMaxThreads && 4 * static_cast<int64_t>(threads) < vocab) threads *= 2;
+  return threads;
+}
+
+}  // namespace cuda
+}  // namespace specdec
