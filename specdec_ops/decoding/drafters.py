@@ -92,7 +92,8 @@ class NGramDrafter:
         return self._trie(matches, seqs, lengths, roots, k, tree, caps, batch.device)
 
     def _matches(self, tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
-        """For each request the continuation starts of its matches, best first (longest n, most recent)."""
+        """For each request the continuation starts of its matches, best first: longest n-gram first, then
+        earliest (or, with recent_first, most recent) first."""
         seqs, lengths = tokens.cpu(), lengths.cpu()
         batch, width = seqs.shape
         width = min(width, int(lengths.max()))
