@@ -4,7 +4,7 @@ Proves: greedy output equals the target's own generate(do_sample=False) token fo
 tree, n-gram and model drafters, a ragged batch of 3 prompts, EOS stops); the target's KV cache after
 several steps equals a plain forward over the committed tokens; one target forward per step and no
 re-forward of accepted tokens; finished requests leave the batch; sampling is distributed as the
-target's (chi-square); clear errors for bad input; the engine example in docs/decoding.md runs.
+target's (chi-square); clear errors for bad input; the engine example in README.md runs.
 """
 
 import os
@@ -298,8 +298,8 @@ def test_errors_name_the_problem(target):
 
 
 def test_engine_example_in_docs_runs():
-    """The "Using the ops in your engine" example of docs/decoding.md, executed as written."""
-    text = open(os.path.join(ROOT, "docs", "decoding.md")).read()
+    """The "Using the ops in your engine" example of README.md, executed as written."""
+    text = open(os.path.join(ROOT, "README.md")).read()
     section = text[text.index("## Using the ops in your engine"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "docs/decoding.md", "exec"), {"__name__": "docs_example"})
+    exec(compile(code, "README.md", "exec"), {"__name__": "docs_example"})
