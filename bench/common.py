@@ -27,6 +27,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from specdec_ops._nvtx import nvtx_range  # noqa: E402,F401  (re-exported for the benches)
+
 
 def base_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
@@ -64,18 +66,6 @@ def time_fn(fn: Callable[[], object], device: str, *, warmup: int = 3, repeat: i
         if len(times) >= 10 * repeat:
             break
     return statistics.median(times)
-
-
-@contextlib.contextmanager
-def nvtx_range(name: str, device: str):
-    if device == "cuda":
-        torch.cuda.nvtx.range_push(name)
-        try:
-            yield
-        finally:
-            torch.cuda.nvtx.range_pop()
-    else:
-        yield
 
 
 @contextlib.contextmanager

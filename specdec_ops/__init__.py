@@ -31,6 +31,15 @@ from .types import SampleOutput, TreeSampleOutput
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "BACKENDS", "BackendUnavailableError", "SpecDecArgumentError",
+    "SampleOutput", "TreeSampleOutput", "TreeInfo",
+    "rejection_sample", "rejection_sample_packed", "tree_rejection_sample",
+    "build_tree", "tree_attention_bias", "tree_attention", "merge_attention_states",
+    "paths_to_parents", "parents_to_paths", "topk_grid_to_parents",
+    "kv_commit", "kv_rollback", "register_hf_attention",
+]
+
 
 def register_hf_attention() -> None:
     """Register the ``"specdec_tree"`` attention implementation with transformers (see hf_attention)."""

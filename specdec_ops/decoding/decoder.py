@@ -7,7 +7,6 @@ the bookkeeping (the ragged batch, masks, positions, the cache).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -15,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 import specdec_ops as ops
+from specdec_ops._nvtx import nvtx_range
 from .cache import RaggedKVCache, forward
 from .sampling import SamplingParams, request_seeds
 
@@ -125,13 +125,13 @@ class SpeculativeDecoder:
         stats = GenerationStats()
         batch = self._prefill(prompts, max_new_tokens, seed, eos_token_id, sampling, stats, streamer)
         while batch.active:                     # the cache holds every token but the last one (the root)
-            with _nvtx("draft"):
+            with nvtx_range("draft"):
                 draft = self.drafter.propose(batch, self.k, self.tree, sampling)
-            with _nvtx("verify"):
+            with nvtx_range("verify"):
                 logits = self._verify_forward(draft)                        # one target forward over every node
-            with _nvtx("sample"):
+            with nvtx_range("sample"):
                 out = self._accept(draft, sampling.probs(logits), sampling, batch)
-            with _nvtx("commit"):
+            with nvtx_range("commit"):
                 ops.kv_commit(self.cache.commit_views(), self.cache.seq_lens, out.accepted_path)
                 self.drafter.commit(out.accepted_path, out.num_accepted)
                 finished = batch.emit(out.token_ids, out.num_accepted, stats, draft, streamer)
@@ -157,7 +157,7 @@ class SpeculativeDecoder:
         capacity = max(len(p) for p in prompts) + max_new_tokens + window + 1
         batch = Batch(prompts, max_new_tokens, eos, request_seeds(seed, len(prompts)), capacity, device)
         self.cache = RaggedKVCache(self.target, len(prompts), capacity, device, _dtype(self.target))
-        with _nvtx("prefill"):
+        with nvtx_range("prefill"):
             logits = self._forward_chain(self.target, self.cache, batch.tokens[:, :int(batch.lengths.max())])
             self.cache.seq_lens.copy_(batch.lengths)
             rows = torch.arange(len(prompts), device=device)
@@ -376,15 +376,3 @@ def _device(model) -> torch.device:
 
 def _dtype(model) -> torch.dtype:
     return next(model.parameters()).dtype
-
-
-@contextlib.contextmanager
-def _nvtx(name: str):
-    if torch.cuda.is_available():
-        torch.cuda.nvtx.range_push(name)
-        try:
-            yield
-        finally:
-            torch.cuda.nvtx.range_pop()
-    else:
-        yield
