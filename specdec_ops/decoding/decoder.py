@@ -69,8 +69,21 @@ class GenerationStats:
                 "acceptance_rate": self.acceptance_rate,
                 "tokens_per_second": self.tokens_per_second, "seconds": self.seconds}
 
+    # Read-only mapping access too: stats["target_forwards"], "tokens_per_second" in stats, dict(stats).
     def __getitem__(self, key):
         return self.as_dict()[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self.as_dict()
+
+    def __iter__(self):
+        return iter(self.as_dict())
+
+    def keys(self):
+        return self.as_dict().keys()
+
+    def get(self, key, default=None):
+        return self.as_dict().get(key, default)
 
 
 @dataclass
