@@ -23,27 +23,33 @@ int64_t row_argmax(const void* probs, int64_t row, int64_t vocab) {
   return best.index;
 }
 
-// Exponential race over a row: with `draft` (residual mode) the mass is
-// max(p - q, 0) (one-hot q when q_row < 0) and falls back to p when the
-// residual is empty; without, it is p.
+// Exponential race over a row: with `residual` the mass is max(p - q, 0) (one-hot
+// q when q_row < 0), falling back to p when the residual is empty (a second pass
+// over the same random numbers, rare: rounding); without, it is p.
 template <typename T>
-int64_t row_race(const RejectionParams& p, int64_t p_row, int64_t q_row, int64_t draft,
-                 bool residual, uint64_t seed, uint64_t offset, uint32_t position) {
+int64_t row_race(const RejectionParams& p, int64_t p_row, int64_t q_row, int64_t draft, bool residual,
+                 uint64_t seed, uint64_t offset, uint32_t position) {
   const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
-  ArgMax best_residual = argmax_init(), best_p = argmax_init();
-  Philox4 bits{};
-  for (int64_t i = 0; i < p.vocab; ++i) {
-    if ((i & 3) == 0) bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(i >> 2));
-    const float pi = load<T>(p.target_probs, p_row, p.vocab, i);
-    const float mass = prob_mass(pi);
-    const float noise = mass > 0.f ? exp_noise(bits.x[i & 3]) : 1.f;  // the residual has mass only where p has
-    argmax_update(best_p, race_score(mass, noise), i);
-    if (residual) {
-      const float qi = q_row >= 0 ? load<T>(p.draft_probs, q_row, p.vocab, i) : (i == draft ? 1.f : 0.f);
-      argmax_update(best_residual, race_score(residual_mass(pi, qi), noise), i);
+  auto race = [&](bool use_residual) {
+    ArgMax best = argmax_init();
+    Philox4 bits{};
+    for (int64_t i = 0; i < p.vocab; ++i) {
+      if ((i & 3) == 0) bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(i >> 2));
+      const float pi = load<T>(p.target_probs, p_row, p.vocab, i);
+      float mass = prob_mass(pi);
+      if (use_residual) {
+        const float qi = q_row >= 0 ? load<T>(p.draft_probs, q_row, p.vocab, i) : (i == draft ? 1.f : 0.f);
+        mass = residual_mass(pi, qi);
+      }
+      race_update(best, mass, bits.x[i & 3], i);
     }
+    return best;
+  };
+  if (residual) {
+    const ArgMax best = race(true);
+    if (best.score > 0.f) return best.index;
   }
-  return (residual && best_residual.score > 0.f) ? best_residual.index : best_p.index;
+  return race(false).index;
 }
 
 template <typename T>

@@ -36,12 +36,10 @@ __device__ int64_t row_race(const T* __restrict__ p_row, const T* __restrict__ q
     for (int j = 0; j < 4; ++j) {
       const int64_t i = 4 * g + j;
       if (i >= vocab) break;
-      const float mass = prob_mass(pv[j]);
-      const float noise = mass > 0.f ? exp_noise(bits.x[j]) : 1.f;
-      argmax_update(best_p, race_score(mass, noise), i);
+      race_update(best_p, prob_mass(pv[j]), bits.x[j], i);
       if (residual) {
         const float q = q_row != nullptr ? qv[j] : (i == draft ? 1.f : 0.f);
-        argmax_update(best_r, race_score(residual_mass(pv[j], q), noise), i);
+        race_update(best_r, residual_mass(pv[j], q), bits.x[j], i);
       }
     }
   }

@@ -29,15 +29,15 @@ SPECDEC_HD float residual_mass(float p, float q) {
 // Exponential race: token i wins with probability mass_i / sum(mass) when the
 // winner is argmax mass_i / E_i with E_i = -log(u_i) i.i.d. Exp(1). Callers draw
 // the noise only for entries with mass; zero mass scores 0.
-SPECDEC_HD float exp_noise(uint32_t bits) {
+SPECDEC_HD float uniform_noise(float u) {
 #if defined(__CUDA_ARCH__)
-  return -logf(bits_to_uniform(bits));
+  return -logf(u);
 #else
-  return -std::log(bits_to_uniform(bits));
+  return -std::log(u);
 #endif
 }
 
-SPECDEC_HD float race_score(float mass, float noise) { return mass > 0.f ? mass / noise : 0.f; }
+SPECDEC_HD float exp_noise(uint32_t bits) { return uniform_noise(bits_to_uniform(bits)); }
 
 // Running argmax with the first index winning ties. The empty state scores -1,
 // below any real score, so a row without mass yields its first index.
@@ -58,6 +58,28 @@ SPECDEC_HD void argmax_update(ArgMax& best, float score, int64_t index) {
 
 SPECDEC_HD ArgMax argmax_merge(const ArgMax& a, const ArgMax& b) {
   return argmax_better(b.score, b.index, a) ? b : a;
+}
+
+// Whether an entry (mass > 0, uniform u) can still beat a running best score
+// `best` of the race. -log(u) >= t whenever u <= 1 - t (as -log(1 - t) >= t), so
+// for u <= (1 - t)(1 - 1e-5) with t = mass / best the entry's exact score is below
+// best / (1 + 1e-5): below best even after the few ulps of rounding in t, the log
+// and the division. Skipping such entries (no log) never changes the winner, and
+// comparing against a thread's own running best (<= the block's) stays safe.
+SPECDEC_HD bool race_may_win(float mass, float u, float best) {
+  if (!(best > 0.f)) return true;
+  return u > (1.f - mass / best) * (1.f - 1e-5f);
+}
+
+// One entry of a race: updates `best` with index's score (0 for no mass; entries
+// that provably cannot win are skipped without computing their log).
+SPECDEC_HD void race_update(ArgMax& best, float mass, uint32_t bits, int64_t index) {
+  if (!(mass > 0.f)) {
+    argmax_update(best, 0.f, index);
+    return;
+  }
+  const float u = bits_to_uniform(bits);
+  if (race_may_win(mass, u, best.score)) argmax_update(best, mass / uniform_noise(u), index);
 }
 
 // The draft token used in acceptance: an id outside [0, V) is always rejected

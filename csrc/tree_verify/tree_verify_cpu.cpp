@@ -119,8 +119,7 @@ void verify_request(const TreeVerifyParams& p, int64_t b) {
       } else {
         mass = tree_excluded(i, zeroed, m) ? 0.f : prob_mass(pi);
       }
-      const float noise = mass > 0.f ? exp_noise(bits.x[i & 3]) : 1.f;
-      argmax_update(best, race_score(mass, noise), i);
+      race_update(best, mass, bits.x[i & 3], i);
     }
     final_token = best.index;
   }

@@ -141,8 +141,7 @@ __device__ int64_t final_race(const T* __restrict__ p_row, const T* __restrict__
       if (i >= vocab) break;
       const float mass = q_row != nullptr ? tree_residual(pv[j], qv[j], z, m)
                                           : ((excluded >> j) & 1u ? 0.f : prob_mass(pv[j]));
-      const float noise = mass > 0.f ? exp_noise(bits.x[j]) : 1.f;
-      argmax_update(best, race_score(mass, noise), i);
+      race_update(best, mass, bits.x[j], i);
     }
   }
   return block_argmax(best, s).index;

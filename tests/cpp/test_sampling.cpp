@@ -48,10 +48,40 @@ static void test_mass_and_acceptance() {
   CHECK(residual_mass(0.5f, 0.2f) == 0.5f - 0.2f);
   CHECK(residual_mass(0.2f, 0.5f) == 0.f);
   CHECK(residual_mass(NAN, 0.5f) == 0.f);
-  CHECK(race_score(0.f, 1.f) == 0.f);
-  CHECK(race_score(1.f, 2.f) == 0.5f);
   CHECK(exp_noise(0u) > 0.f && std::isfinite(exp_noise(0u)));
   CHECK(exp_noise(0xFFFFFFFFu) > 0.f);
+}
+
+// race_update skips the log of entries that provably cannot win: the winner must be
+// exactly the one of the full race (argmax mass / -log(u), first index on ties).
+static void test_race_skipping_never_changes_the_winner() {
+  uint32_t state = 12345;
+  auto next = [&]() {
+    state = state * 1664525u + 1013904223u;
+    return state;
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 1 + static_cast<int>(next() % 5000);
+    const int shape = trial % 3;  // flat, peaked, sparse rows
+    float mass[5000];
+    for (int i = 0; i < n; ++i) {
+      const float r = static_cast<float>(next() >> 8) / 16777216.f;
+      mass[i] = shape == 0 ? r : shape == 1 ? std::pow(r, 12.f) : ((next() & 7) == 0 ? r : 0.f);
+    }
+    ArgMax full = argmax_init(), skipping = argmax_init();
+    for (int i = 0; i < n; ++i) {
+      const Philox4 b = philox_block(trial, 7, 3, kPurposeResidual, static_cast<uint32_t>(i >> 2));
+      const uint32_t bits = b.x[i & 3];
+      argmax_update(full, mass[i] > 0.f ? mass[i] / exp_noise(bits) : 0.f, i);
+      race_update(skipping, mass[i], bits, i);
+    }
+    CHECK(full.index == skipping.index);
+    CHECK(full.score == skipping.score);
+  }
+  CHECK(race_may_win(0.5f, 0.1f, -1.f));         // no best yet: always compute
+  CHECK(!race_may_win(0.001f, 0.5f, 10.f));      // t = 1e-4: u must exceed ~0.9999 to matter
+  CHECK(race_may_win(0.001f, 0.99999f, 10.f));
+  CHECK(race_may_win(20.f, 0.01f, 10.f));        // t > 1: never skipped
 }
 
 static void test_argmax_first_index_on_ties() {
@@ -96,6 +126,7 @@ int main() {
   test_uniform_range_and_layout();
   test_mass_and_acceptance();
   test_argmax_first_index_on_ties();
+  test_race_skipping_never_changes_the_winner();
   test_request_rows_clamp_bad_lengths();
   TEST_MAIN_END();
 }
