@@ -22,6 +22,11 @@ from ._checks import BackendUnavailableError, SpecDecArgumentError
 BACKENDS = ("cuda", "triton", "cpu", "reference")
 
 
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (>= 1): Triton block sizes."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 @functools.cache
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None

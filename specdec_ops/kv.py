@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _ops, reference
-from ._backend import resolve_backend
+from ._backend import next_pow2, resolve_backend
 from ._checks import (INDEX_DTYPES, SpecDecArgumentError, check_device, check_dtype, check_rank, check_shape,
                       check_tensor, fail)
 
@@ -287,10 +287,6 @@ def _fake_kv_commit(caches, seq_lens, accepted_path, block_table):
 # ---------------------------------------------------------------------------------------------- triton
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def _triton_kv_commit(caches, seq_lens, accepted_path, block_table):
     from .triton_kernels.kv_commit import kv_commit_kernel
 
@@ -311,8 +307,8 @@ def _triton_kv_commit(caches, seq_lens, accepted_path, block_table):
             cache, seq_lens, path, table,
             max_path, path.stride(0), capacity, block_size, num_blocks, table.stride(0),
             strides[0], strides[1], strides[2], strides[3], head_dim, row_elems,
-            PAGED=paged, UPDATE_SEQ_LENS=index == len(launches) - 1, BLOCK_M=max(_next_pow2(max_path), 2),
-            BLOCK=min(max(_next_pow2(row_elems), 16), 1024),
+            PAGED=paged, UPDATE_SEQ_LENS=index == len(launches) - 1, BLOCK_M=max(next_pow2(max_path), 2),
+            BLOCK=min(max(next_pow2(row_elems), 16), 1024),
         )
     return None
 

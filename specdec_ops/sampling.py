@@ -10,16 +10,12 @@ from __future__ import annotations
 import torch
 
 from . import _ops, reference
-from ._backend import resolve_backend, triton_interpreting
+from ._backend import next_pow2, resolve_backend, triton_interpreting
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_greedy, check_rank, check_shape,
                       fail, first_bad, rng_inputs)
 from .types import SampleOutput
 
 __all__ = ["rejection_sample", "rejection_sample_packed"]
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -268,14 +264,14 @@ def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, o
     target = target_probs.contiguous()
     ids = draft_token_ids.contiguous().to(torch.int64)
     vocab = target.shape[-1]
-    block = min(_next_pow2(vocab), 8192 if triton_interpreting() else 1024)
+    block = min(next_pow2(vocab), 8192 if triton_interpreting() else 1024)
     rejection_sample_kernel[(batch,)](
         target, target if draft_probs is None else draft_probs.contiguous(), ids,
         lengths.contiguous().to(torch.int64), seeds.contiguous(), offsets.contiguous(),
         seeds if greedy is None else greedy.contiguous(), token_ids, num_accepted,
         vocab, max_draft, ids.numel(),
         PACKED=packed, HAS_DRAFT_PROBS=draft_probs is not None, HAS_GREEDY=greedy is not None,
-        BLOCK_K=_next_pow2(max_draft + 1), BLOCK=block,
+        BLOCK_K=next_pow2(max_draft + 1), BLOCK=block,
     )
     return token_ids, num_accepted
 

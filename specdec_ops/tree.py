@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from . import _ops, reference
-from ._backend import resolve_backend
+from ._backend import next_pow2, resolve_backend
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, check_tensor,
                       fail, first_bad)
 
@@ -688,10 +688,6 @@ def _fake_merge(out_a, lse_a, out_b, lse_b):
 _FORCE_NUM_SPLITS: int | None = None
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 @functools.cache
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -720,9 +716,9 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
         return out, lse
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    block_d = max(16, _next_pow2(d))
+    block_d = max(16, next_pow2(d))
     block_n = 64 if block_d <= 128 else 32
-    block_m = min(64, max(16, _next_pow2(n * group)))
+    block_m = min(64, max(16, next_pow2(n * group)))
     if q.dtype == torch.float32 and block_d >= 256:  # keep fp32 tiles well inside shared memory
         block_m, block_n = min(block_m, 32), 16
     elif q.dtype == torch.float32 and block_d >= 128:
@@ -756,7 +752,7 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
         rows = batch * n * hq
         combine_splits_kernel[(rows,)](
             out_buf, lse_buf, out, lse, rows, d, splits,
-            BLOCK_S=_next_pow2(splits), BLOCK_D=block_d,
+            BLOCK_S=next_pow2(splits), BLOCK_D=block_d,
         )
     return out, lse
 
@@ -780,7 +776,7 @@ def _merge_triton(out_a, lse_a, out_b, lse_b):
         return out, lse
     merge_states_kernel[(rows,)](
         out_a.contiguous(), lse_a.contiguous(), out_b.contiguous(), lse_b.contiguous(), out, lse, d,
-        BLOCK_D=max(16, _next_pow2(d)),
+        BLOCK_D=max(16, next_pow2(d)),
     )
     return out, lse
 

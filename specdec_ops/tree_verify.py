@@ -9,16 +9,12 @@ from __future__ import annotations
 import torch
 
 from . import _ops, reference
-from ._backend import resolve_backend, triton_interpreting
+from ._backend import next_pow2, resolve_backend, triton_interpreting
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_greedy, check_rank, check_shape,
                       fail, first_bad, rng_inputs)
 from .types import TreeSampleOutput
 
 __all__ = ["tree_rejection_sample"]
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _values_checked_here(device: torch.device, backend: str) -> bool:
@@ -199,7 +195,7 @@ def _triton_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, 
     # Per-request scratch of the node being tried: normalizers (draft_probs) or zeroed tokens.
     normalizers = target.new_empty((batch * nodes if has_draft else 1,), dtype=torch.float32)
     zeroed = target.new_empty((1 if has_draft else batch * nodes,), dtype=torch.int32)
-    block = min(_next_pow2(vocab), 8192 if triton_interpreting() else 1024)
+    block = min(next_pow2(vocab), 8192 if triton_interpreting() else 1024)
     tree_verify_kernel[(batch,)](
         target, draft_probs.contiguous() if has_draft else target,
         tree_token_ids.contiguous().to(torch.int64), parents.contiguous().to(torch.int64),
@@ -208,7 +204,7 @@ def _triton_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, 
         normalizers, zeroed, token_ids, accepted_path, num_accepted,
         nodes, vocab,
         HAS_NUM_NODES=num_nodes is not None, HAS_DRAFT_PROBS=has_draft, HAS_GREEDY=greedy is not None,
-        BLOCK_N=_next_pow2(nodes), BLOCK=block,
+        BLOCK_N=next_pow2(nodes), BLOCK=block,
     )
     return token_ids, accepted_path, num_accepted
 

@@ -22,6 +22,22 @@ def prob_mass(p):
 
 
 @triton.jit
+def race_scores(mass, noise, inside):
+    """Exponential-race scores of a tile: mass / noise (round-to-nearest, as the C++ and CUDA
+    kernels), 0 without mass, -1 outside the row (never wins)."""
+    return tl.where(inside, tl.where(mass > 0, tl.math.div_rn(mass, noise), 0.0), -1.0)
+
+
+@triton.jit
+def tile_argmax_update(score, idx, best, best_index):
+    """Fold one tile into a running (best, best_index): first index on ties, earlier tiles win ties."""
+    tile_best = tl.max(score, 0)
+    tile_index = tl.min(tl.where(score == tile_best, idx, 0x7FFFFFFFFFFFFFFF), 0)
+    better = tile_best > best
+    return tl.where(better, tile_best, best), tl.where(better, tile_index, best_index)
+
+
+@triton.jit
 def row_argmax(row_ptr, vocab, BLOCK: tl.constexpr):
     """argmax of prob_mass over one row, first index on ties."""
     best_score = tl.full([], -1.0, tl.float32)
@@ -31,11 +47,7 @@ def row_argmax(row_ptr, vocab, BLOCK: tl.constexpr):
         inside = idx < vocab
         p = tl.load(row_ptr + idx, mask=inside, other=0.0).to(tl.float32)
         score = tl.where(inside, prob_mass(p), -1.0)
-        tile_best = tl.max(score, 0)
-        tile_index = tl.min(tl.where(score == tile_best, idx, 0x7FFFFFFFFFFFFFFF), 0)
-        better = tile_best > best_score
-        best_index = tl.where(better, tile_index, best_index)
-        best_score = tl.where(better, tile_best, best_score)
+        best_score, best_index = tile_argmax_update(score, idx, best_score, best_index)
     return best_index
 
 
@@ -59,22 +71,11 @@ def row_race(p_row_ptr, q_row_ptr, draft, residual, vocab, seed, offset, positio
             q = tl.where(idx == draft, 1.0, 0.0)
         mass = prob_mass(p)
         noise = tl.where(mass > 0, exp_noise(philox_bits(seed, offset, position, purpose, idx)), 1.0)
-        score_p = tl.where(inside, tl.where(mass > 0, tl.math.div_rn(mass, noise), 0.0), -1.0)
+        score_p = race_scores(mass, noise, inside)
         diff = mass - prob_mass(q)
-        r = tl.where(diff > 0, diff, 0.0)
-        score_r = tl.where(inside, tl.where(r > 0, tl.math.div_rn(r, noise), 0.0), -1.0)
-
-        tile_p = tl.max(score_p, 0)
-        tile_p_index = tl.min(tl.where(score_p == tile_p, idx, 0x7FFFFFFFFFFFFFFF), 0)
-        better = tile_p > best_p
-        best_p_index = tl.where(better, tile_p_index, best_p_index)
-        best_p = tl.where(better, tile_p, best_p)
-
-        tile_r = tl.max(score_r, 0)
-        tile_r_index = tl.min(tl.where(score_r == tile_r, idx, 0x7FFFFFFFFFFFFFFF), 0)
-        better = tile_r > best_r
-        best_r_index = tl.where(better, tile_r_index, best_r_index)
-        best_r = tl.where(better, tile_r, best_r)
+        score_r = race_scores(tl.where(diff > 0, diff, 0.0), noise, inside)
+        best_p, best_p_index = tile_argmax_update(score_p, idx, best_p, best_p_index)
+        best_r, best_r_index = tile_argmax_update(score_r, idx, best_r, best_r_index)
     return tl.where(residual & (best_r > 0), best_r_index, best_p_index)
 
 

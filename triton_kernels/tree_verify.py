@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits
-from .rejection import prob_mass, row_argmax
+from .rejection import prob_mass, race_scores, row_argmax, tile_argmax_update
 
 
 @triton.jit
@@ -88,12 +88,7 @@ def final_race(p_row_ptr, q_row_ptr, vocab, z_ptr, zeroed_ptr, m, seed, offset, 
             for j in range(0, m):
                 mass = tl.where(idx == tl.load(zeroed_ptr + j), 0.0, mass)
         noise = tl.where(mass > 0, exp_noise(philox_bits(seed, offset, position, purpose, idx)), 1.0)
-        score = tl.where(inside, tl.where(mass > 0, tl.math.div_rn(mass, noise), 0.0), -1.0)
-        tile = tl.max(score, 0)
-        tile_index = tl.min(tl.where(score == tile, idx, 0x7FFFFFFFFFFFFFFF), 0)
-        better = tile > best
-        best_index = tl.where(better, tile_index, best_index)
-        best = tl.where(better, tile, best)
+        best, best_index = tile_argmax_update(race_scores(mass, noise, inside), idx, best, best_index)
     return best_index
 
 
