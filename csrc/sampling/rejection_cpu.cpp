@@ -1,19 +1,13 @@
 // C++ CPU kernel of chain rejection sampling: parallel over requests, the same
 // arithmetic (sampling_math.h) and random numbers (philox.h) as the CUDA kernel.
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
+#include "sampling_cpu.h"
 #include "rejection_params.h"
 #include "sampling_math.h"
 
 namespace specdec {
 namespace {
 
-template <typename T>
-float load(const void* base, int64_t row, int64_t vocab, int64_t i) {
-  return static_cast<float>(static_cast<const T*>(base)[row * vocab + i]);
-}
+using cpu::load;
 
 // argmax over one row of p (first index on ties): greedy verification.
 template <typename T>
@@ -97,21 +91,12 @@ void sample_request(const RejectionParams& p, int64_t b) {
   p.num_accepted[b] = static_cast<int32_t>(k);
 }
 
-template <typename T>
-void sample_all(const RejectionParams& p) {
-  at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) sample_request<T>(p, b);
-  });
-}
-
 }  // namespace
 
 void rejection_sample_cpu(const RejectionParams& params) {
-  switch (params.dtype) {
-    case ProbDType::kFloat32: return sample_all<float>(params);
-    case ProbDType::kFloat16: return sample_all<c10::Half>(params);
-    case ProbDType::kBFloat16: return sample_all<c10::BFloat16>(params);
-  }
+  cpu::for_each_request(params.dtype, params.batch, [&](auto tag, int64_t b) {
+    sample_request<typename decltype(tag)::type>(params, b);
+  });
 }
 
 }  // namespace specdec

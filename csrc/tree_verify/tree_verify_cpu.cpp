@@ -1,19 +1,13 @@
 // C++ CPU kernel of tree verification (DESIGN.md §5.3): parallel over requests,
 // the same arithmetic (tree_verify_math.h) and random numbers as the CUDA kernel.
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
+#include "../sampling/sampling_cpu.h"
 #include "tree_verify_math.h"
 #include "tree_verify_params.h"
 
 namespace specdec {
 namespace {
 
-template <typename T>
-float load(const void* base, int64_t row, int64_t vocab, int64_t i) {
-  return static_cast<float>(static_cast<const T*>(base)[row * vocab + i]);
-}
+using cpu::load;
 
 // The walk of one request; see tree_verify_math.h.
 template <typename T>
@@ -131,21 +125,12 @@ void verify_request(const TreeVerifyParams& p, int64_t b) {
   p.num_accepted[b] = static_cast<int32_t>(k);
 }
 
-template <typename T>
-void verify_all(const TreeVerifyParams& p) {
-  at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) verify_request<T>(p, b);
-  });
-}
-
 }  // namespace
 
 void tree_rejection_sample_cpu(const TreeVerifyParams& params) {
-  switch (params.dtype) {
-    case ProbDType::kFloat32: return verify_all<float>(params);
-    case ProbDType::kFloat16: return verify_all<c10::Half>(params);
-    case ProbDType::kBFloat16: return verify_all<c10::BFloat16>(params);
-  }
+  cpu::for_each_request(params.dtype, params.batch, [&](auto tag, int64_t b) {
+    verify_request<typename decltype(tag)::type>(params, b);
+  });
 }
 
 }  // namespace specdec
