@@ -16,7 +16,7 @@ import torch
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend
 from ._checks import (INDEX_DTYPES, SpecDecArgumentError, check_device, check_dtype, check_rank, check_shape,
-                      check_tensor, fail)
+                      check_tensor, fail, first_bad)
 
 __all__ = ["kv_commit", "kv_rollback"]
 
@@ -266,10 +266,9 @@ def kv_rollback(
     if not isinstance(max_tokens, int) or max_tokens < 0:
         fail(f"max_tokens must be a non-negative int, got {max_tokens!r}")
     if seq_lens.device.type == "cpu" and not torch.compiler.is_compiling():
-        bad = ((num_tokens < 1) | (num_tokens > max_tokens)).nonzero()
-        if bad.numel():
-            b = int(bad[0, 0])
-            fail(f"num_tokens[{b}] = {int(num_tokens[b])} is outside [1, max_tokens = {max_tokens}]")
+        bad = first_bad((num_tokens < 1) | (num_tokens > max_tokens))
+        if bad is not None:
+            fail(f"num_tokens[{bad[0]}] = {int(num_tokens[bad])} is outside [1, max_tokens = {max_tokens}]")
     steps = torch.arange(max_tokens, device=seq_lens.device, dtype=torch.int32)
     path = torch.where(steps < num_tokens[:, None], steps, -1)
     kv_commit(caches, seq_lens, path, block_table=block_table, backend=backend)
