@@ -84,9 +84,41 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def forward(model, cache: RaggedKVCache, input_ids, position_ids, bias, **attention_kwargs) -> torch.Tensor:
+def accepts_logits_to_keep(model) -> bool:
+    """Whether the model's forward can project only some positions onto the vocabulary (``logits_to_keep``)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+# Above this many logit elements a per-request gather through ``logits_to_keep`` (which keeps the same
+# positions for every request) costs more than projecting every position.
+_KEEP_LIMIT = 1 << 26
+
+
+def forward(model, cache: RaggedKVCache, input_ids, position_ids, bias, logits_at=None,
+            **attention_kwargs) -> torch.Tensor:
     """One forward of `model` over ``input_ids [B, Q]`` at ``position_ids [B, Q]`` with an additive
-    ``bias [B, 1, Q, kv_len]``, writing the window's K/V into `cache`; returns float32 logits [B, Q, V]."""
-    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=bias,
-                use_cache=True, **{cache_kwarg(model): cache}, **attention_kwargs)
-    return out.logits.float()
+    ``bias [B, 1, Q, kv_len]``, writing the window's K/V into `cache`.
+
+    Returns float32 logits ``[B, Q, V]``, or with ``logits_at`` (int64 [B]: one window offset per request)
+    only those rows, ``[B, V]``: the model then projects just the needed positions onto the vocabulary
+    when it takes ``logits_to_keep`` (a prefill over a long prompt needs one row, not Q)."""
+    kwargs = {cache_kwarg(model): cache, **attention_kwargs}
+    keep = None
+    if logits_at is not None and accepts_logits_to_keep(model):
+        keep, where = torch.unique(logits_at, return_inverse=True)
+        if keep.numel() * input_ids.shape[0] * _vocab_rows(model) <= _KEEP_LIMIT:
+            kwargs["logits_to_keep"] = keep
+        else:
+            keep = None
+    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=bias, use_cache=True, **kwargs)
+    logits = out.logits
+    if logits_at is None:
+        return logits.float()
+    rows = torch.arange(input_ids.shape[0], device=logits.device)
+    return logits[rows, where if keep is not None else logits_at].float()
+
+
+def _vocab_rows(model) -> int:
+    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(emb, "weight", None)
+    return int(weight.shape[0]) if weight is not None else int(model.config.vocab_size)

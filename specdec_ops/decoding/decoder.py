@@ -171,10 +171,10 @@ class SpeculativeDecoder:
         batch = Batch(prompts, max_new_tokens, eos, request_seeds(seed, len(prompts)), capacity, device)
         self.cache = RaggedKVCache(self.target, len(prompts), capacity, device, _dtype(self.target))
         with nvtx_range("prefill"):
-            logits = self._forward_chain(self.target, self.cache, batch.tokens[:, :int(batch.lengths.max())])
+            logits = self._forward_chain(self.target, self.cache, batch.tokens[:, :int(batch.lengths.max())],
+                                         logits_at=batch.lengths - 1)   # only the last prompt position's row
             self.cache.seq_lens.copy_(batch.lengths)
-            rows = torch.arange(len(prompts), device=device)
-            probs = sampling.probs(logits[rows, batch.lengths - 1])[:, None]
+            probs = sampling.probs(logits)[:, None]
             greedy = torch.full((len(prompts),), sampling.greedy, dtype=torch.bool, device=device)
             first = ops.rejection_sample(probs, torch.zeros(len(prompts), 0, dtype=torch.int64, device=device),
                                          torch.zeros(len(prompts), dtype=torch.int64, device=device),
@@ -217,9 +217,9 @@ class SpeculativeDecoder:
                                         draft.draft_probs, seeds=seeds, offsets=offsets, greedy=greedy)
         return Verified(out.token_ids, out.num_accepted, out.accepted_path)
 
-    def _forward_chain(self, model, cache, tokens):
+    def _forward_chain(self, model, cache, tokens, logits_at=None):
         mask, depth = chain_tree(tokens.shape[1], tokens.shape[0], tokens.device)
-        return forward_window(model, cache, tokens, depth, mask)
+        return forward_window(model, cache, tokens, depth, mask, logits_at=logits_at)
 
 
 class Verified(NamedTuple):
@@ -308,9 +308,10 @@ class Batch:
 # --------------------------------------------------------------------------------- masks and forwards
 
 
-def forward_window(model, cache: RaggedKVCache, tokens, depth, mask) -> torch.Tensor:
+def forward_window(model, cache: RaggedKVCache, tokens, depth, mask, logits_at=None) -> torch.Tensor:
     """Target/drafter forward over a window of tree nodes ``tokens [B, N]`` placed at slots
     ``seq_lens[b] + i``: positions ``seq_lens + depth``, the additive mask from tree_attention_bias.
+    Returns float32 logits [B, N, V], or [B, V] at window offsets ``logits_at`` (int64 [B]).
 
     A model switched to the ``"specdec_tree"`` attention (specdec_ops.hf_attention) gets the bitmask and
     prefix lengths too and runs the tree_attention kernel instead of SDPA over the bias (on CUDA, or on
@@ -325,7 +326,7 @@ def forward_window(model, cache: RaggedKVCache, tokens, depth, mask) -> torch.Te
         backend = getattr(model, "specdec_tree_backend", None)
         if backend is not None:
             extra["tree_attention_backend"] = backend
-    return forward(model, cache, tokens, positions, bias, **extra)
+    return forward(model, cache, tokens, positions, bias, logits_at=logits_at, **extra)
 
 
 _CHAIN_TREES: dict = {}
