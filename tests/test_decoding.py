@@ -167,6 +167,17 @@ class _Spy:
                                                atol=1e-5, rtol=1e-5)
                     torch.testing.assert_close(cache.values[layer][b, :, :n], plain.layers[layer].values[0],
                                                atol=1e-5, rtol=1e-5)
+            drafter = self.inner
+            if isinstance(drafter, ModelDrafter):   # the drafter's own cache: its committed entries are exact too
+                for b in range(len(batch.ids)):
+                    n = int(drafter.cache.seq_lens[b])
+                    plain = DynamicCache(config=drafter.model.config)
+                    drafter.model(batch.tokens[b, :n][None], use_cache=True, **{cache_kwarg(drafter.model): plain})
+                    for layer in range(len(drafter.cache.keys)):
+                        torch.testing.assert_close(drafter.cache.keys[layer][b, :, :n], plain.layers[layer].keys[0],
+                                                   atol=1e-5, rtol=1e-5)
+                        torch.testing.assert_close(drafter.cache.values[layer][b, :, :n],
+                                                   plain.layers[layer].values[0], atol=1e-5, rtol=1e-5)
             self.checked_steps += 1
         return self.inner.propose(batch, *a)
 
@@ -181,6 +192,26 @@ def test_kv_cache_after_steps_equals_plain_forward_over_committed_tokens(target,
         out = decoder.generate(PROMPTS, max_new_tokens=24, eos_token_id=[])
     assert spy.checked_steps == 2
     assert out.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("tree", [None, 6], ids=["chain", "tree"])
+def test_model_drafter_keeps_the_accepted_entries_it_forwarded(target, tree):
+    """After verification the drafter keeps the K/V of accepted nodes it forwarded itself (chain: in place;
+    tree: moved by kv_commit), so its next catch-up forward reads fewer tokens than were emitted."""
+    pending = []
+
+    class Recorder(ModelDrafter):
+        def _catch_up(self, batch):
+            pending.append(int((batch.lengths - self._valid.long()).sum()))
+            return super()._catch_up(batch)
+
+    expected = [reference_greedy(target, p, 20) for p in PROMPTS]
+    out = SpeculativeDecoder(target, Recorder(target), num_speculative_tokens=4, tree=tree).generate(
+        PROMPTS, max_new_tokens=20, eos_token_id=[])
+    assert out.sequences == expected
+    emitted = out.stats.step_tokens                 # tokens emitted by verify steps: what a drafter keeping
+    reread = sum(pending[1:])                       # only the root would re-read, bonus tokens included
+    assert out.stats.accepted_tokens > 0 and reread <= emitted - out.stats.accepted_tokens // 2
 
 
 def test_one_target_forward_per_step_no_reforward_and_finished_requests_leave(target):

@@ -197,18 +197,29 @@ class ModelDrafter:
                                    _device(self.model), _dtype(self.model))
         self._valid = self.cache.seq_lens.clone()
         self._base = None
+        self._tree_window = None
 
     def keep(self, rows):
         self.cache.keep(rows)
         self._valid = self._valid.index_select(0, rows)
 
     def commit(self, accepted_path, num_accepted):
-        # The window starts at the root (slot base - 1). Chain: the drafter forwarded the root and d1 .. d_{k-1},
-        # so the root and the accepted ones among those stay; tree: only the root stays (accepted tokens are
-        # re-read with the next step's first drafter forward). Pointer-only rollback, nothing moves.
-        kept = 1 + torch.minimum(num_accepted.to(self._base.dtype), self._kept)
+        # The window starts at the root (slot base - 1); what stays is the root and the accepted nodes the
+        # drafter forwarded itself, the rest is re-read by the next step's first drafter forward.
         self.cache.seq_lens.copy_(self._base - 1)
-        ops.kv_rollback([], self.cache.seq_lens, kept, max_tokens=self._max_kept + 1)
+        if self._tree_window is None:
+            # chain: the drafter forwarded the root and d1 .. d_{k-1} in order, so the accepted ones among
+            # those are already in place: pointer-only rollback, nothing moves
+            kept = 1 + torch.minimum(num_accepted.to(self._base.dtype), self._kept)
+            ops.kv_rollback([], self.cache.seq_lens, kept, max_tokens=self._max_kept + 1)
+        else:
+            # tree: the accepted path's nodes, as window offsets of the drafter's last tree forward, while
+            # they were forwarded (leaves never are); kv_commit moves them into place
+            path = accepted_path.long()
+            node = torch.gather(self._tree_nodes, 1, path.clamp(min=0))
+            offset = torch.gather(self._tree_window, 1, node)
+            forwarded = ((path >= 0) & (offset >= 0)).long().cumprod(1).bool()
+            ops.kv_commit(self.cache.commit_views(), self.cache.seq_lens, torch.where(forwarded, offset, -1))
         self._valid = self.cache.seq_lens.clone()
 
     # ------------------------------------------------------------------------------------------- drafting
@@ -230,6 +241,7 @@ class ModelDrafter:
                 logits = self._step(tok[:, None])[:, 0]
         self._max_kept = max(depth - 1, 0)
         self._kept = torch.full_like(self._base, self._max_kept)
+        self._tree_window = None
         roots = batch.tokens[torch.arange(len(batch.ids)), batch.lengths - 1]
         tokens = torch.stack([roots] + tokens, dim=1)
         num_nodes = (caps + 1).to(tokens.device)
@@ -298,8 +310,10 @@ class ModelDrafter:
         new_par = torch.gather(par, 1, keep)
         new_par = torch.where(new_par >= 0, torch.gather(remap, 1, new_par.clamp(min=0)), new_par)
         num_nodes = torch.full((bsz,), keep.shape[1], dtype=torch.int64, device=dev)
-        self._max_kept = 0
-        self._kept = torch.zeros_like(self._base)          # roll back to the root: accepted tokens get re-read
+        # for commit: final node -> node table index -> offset in the drafter's last tree window (-1: not forwarded)
+        self._tree_nodes = keep
+        self._tree_window = torch.full((bsz, n_total), -1, dtype=torch.int64, device=dev).scatter_(
+            1, window, torch.arange(window.shape[1], device=dev).expand(bsz, -1).contiguous())
         self.cache.seq_lens.copy_(self._base)
         return Draft(torch.gather(tok, 1, keep), new_par, num_nodes, None, chain=False)
 
