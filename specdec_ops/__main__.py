@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="ngram drafter: draft length after a 1-, 2-, 3+-token match, comma-separated, capped by --k; "
                           "'none' drafts k tokens for any match; 'auto' (default): 0,16,32 on a CPU, where each "
                           "verified token costs compute, none on a GPU")
+    gen.add_argument("--ngram-resume", type=int, default=8,
+                     help="ngram drafter: prefer the match that resumes the copied text within N tokens after where "
+                          "the last draft stopped matching (0 = off; default 8)")
     gen.add_argument("--adaptive", action="store_true",
                      help="ngram drafter: adapt the draft length to the last step's acceptance")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -96,7 +99,7 @@ def generate(args) -> int:
     if args.draft == "ngram":
         lengths = ngram_lengths(args.ngram_lengths, device)
         drafter = NGramDrafter(n=args.ngram, min_n=min(args.ngram_min, args.ngram), adaptive=args.adaptive,
-                               lengths=lengths)
+                               lengths=lengths, resume_window=args.ngram_resume)
         k = args.k or (max(lengths) if lengths else 10)
     else:
         drafter = ModelDrafter(load_model(args.draft, device)[0])

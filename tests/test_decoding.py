@@ -62,6 +62,8 @@ def make_drafter(kind, target, small_drafter):
         return NGramDrafter(n=3)
     if kind == "ngram-lengths":
         return NGramDrafter(n=3, lengths=(0, 2, 5))
+    if kind == "ngram-resume":
+        return NGramDrafter(n=3, lengths=(1, 2, 5), resume_window=4, resume_length=3)
     if kind == "model":
         return ModelDrafter(small_drafter)
     return ModelDrafter(target)  # "self": the target drafts for itself, so long paths get accepted
@@ -71,7 +73,7 @@ def make_drafter(kind, target, small_drafter):
 
 
 @pytest.mark.parametrize("tree", [None, 6], ids=["chain", "tree"])
-@pytest.mark.parametrize("kind", ["ngram", "ngram-lengths", "model", "self"])
+@pytest.mark.parametrize("kind", ["ngram", "ngram-lengths", "ngram-resume", "model", "self"])
 def test_greedy_equals_target_generate_on_ragged_batch(target, small_drafter, kind, tree):
     max_new = 20
     expected = [reference_greedy(target, p, max_new) for p in PROMPTS]
@@ -277,6 +279,35 @@ def test_ngram_lengths_scale_the_draft_with_the_match():
     for bad in ((), (-1,), (1.5, 2), "ab"):
         with pytest.raises(ValueError, match="lengths"):
             NGramDrafter(lengths=bad)
+
+
+def test_ngram_resume_follows_the_copied_text_after_an_edit():
+    """After the output replaced a token of the text it copies, the match resuming right behind the cursor
+    wins over the earliest match and drafts at least resume_length tokens; commit moves the cursor behind
+    the last accepted token's source."""
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]               # positions 5 .. 14
+    seq = [14, 60, 61, 62, 63] + source + [10, 11, 12, 40, 14]       # copied 10 11 12, replaced 13 by 40, then 14
+    batch = _batch([seq])
+    plain = NGramDrafter(n=3, lengths=(1, 8))
+    assert plain.propose(batch, 5, None, None).tokens[0, 1:].tolist() == [60]     # earliest one-token match
+    drafter = NGramDrafter(n=3, lengths=(1, 8), resume_window=4, resume_length=3)
+    drafter.reset(batch, 64, VOCAB)
+    drafter._cursor = [8]                                            # the copy stopped matching at 13 (position 8)
+    draft = drafter.propose(batch, 5, None, None)
+    assert draft.tokens[0, 1:].tolist() == [15, 16, 17]              # resumes at position 10, 3 tokens
+    drafter.commit(torch.tensor([[0, 1, 2, -1]]), torch.tensor([2], dtype=torch.int32))
+    assert drafter._cursor == [12]                                   # 15 16 accepted: next source token is 17
+    drafter.commit(torch.tensor([[0, -1, -1, -1]]), torch.tensor([0], dtype=torch.int32))
+    assert drafter._cursor == [10]                                   # none accepted: the continuation's start
+    far = NGramDrafter(n=3, lengths=(1, 8), resume_window=1, resume_length=3)
+    far.reset(batch, 64, VOCAB)
+    far._cursor = [8]                                                # position 10 is out of the window: no resume
+    assert far.propose(batch, 5, None, None).tokens[0, 1:].tolist() == [60]
+    tree = drafter.propose(batch, 5, 8, None)                        # the trie puts the resumed match first
+    assert tree.tokens[0, 1:5].tolist() == [15, 16, 17, 60] and tree.parents[0, 1:5].tolist() == [0, 1, 2, 0]
+    for bad in (dict(resume_window=-1), dict(resume_length=-2), dict(resume_window=1.5)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            NGramDrafter(**bad)
 
 
 @pytest.mark.parametrize("keep_limit", [None, 0], ids=["logits_to_keep", "all-rows"])

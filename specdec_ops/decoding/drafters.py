@@ -43,6 +43,13 @@ class NGramDrafter:
     compute and an empty draft is the cheapest forward, this is what ``bench/bench_e2e.py`` measures
     best. None (the default) drafts k tokens for any match.
 
+    ``resume_window=w`` follows the text being copied through small edits: the drafter remembers where in
+    the request's tokens its last accepted draft token came from (the cursor), and a match whose
+    continuation starts within w tokens after the cursor is preferred over every other match (longest
+    n-gram first, then nearest) and drafts at least ``resume_length`` tokens (capped by k). After the
+    target replaces a word of a text it is rewriting, the one-token match that resumes the text right
+    behind it is the right one, while the earliest match elsewhere usually is not. 0 (the default) is off.
+
     ``adaptive=True`` drafts per request at most one token more than it had accepted last step (all
     accepted: two more, up to k) -- on a CPU, where every verified token costs compute, this keeps
     low-acceptance stretches from paying for long rejected drafts.
@@ -51,7 +58,8 @@ class NGramDrafter:
     vocab_size = None  # proposes only tokens it has seen in the request
 
     def __init__(self, n: int = 3, k: int | None = None, max_matches: int = 16, min_n: int = 1,
-                 adaptive: bool = False, recent_first: bool = False, lengths=None):
+                 adaptive: bool = False, recent_first: bool = False, lengths=None, resume_window: int = 0,
+                 resume_length: int = 16):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         if not isinstance(min_n, int) or not 1 <= min_n <= n:
@@ -63,10 +71,16 @@ class NGramDrafter:
             if not lengths or not all(isinstance(x, int) and x >= 0 for x in lengths):
                 raise ValueError(f"lengths must be None or a non-empty sequence of ints >= 0 (draft length per "
                                  f"matched n-gram size), got {lengths!r}")
+        for name, value in (("resume_window", resume_window), ("resume_length", resume_length)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         self.n, self.k, self.max_matches, self.min_n, self.adaptive = n, k, max_matches, min_n, adaptive
         self.recent_first = recent_first
         self.lengths = lengths
+        self.resume_window, self.resume_length = resume_window, resume_length
         self._depth = self._drafted = None
+        self._cursor: list[int] = []          # per request: where the copied text resumes (-1: unknown)
+        self._sources: list[list[int]] = []   # per request, per draft node: its token's position (-1: root)
 
     def _length(self, matched: int, k: int) -> int:
         """Draft length for a match of `matched` tokens."""
@@ -76,8 +90,16 @@ class NGramDrafter:
 
     def reset(self, batch, capacity, vocab_size):
         self._depth = None
+        self._cursor = [-1] * len(batch.ids)
 
     def commit(self, accepted_path, num_accepted):
+        if self.resume_window:
+            # the cursor moves behind the deepest accepted node's source token (no drafts: it stays)
+            last = torch.gather(accepted_path.long(), 1, num_accepted.long()[:, None])[:, 0].tolist()
+            for b, node in enumerate(last):
+                src = self._sources[b]
+                if len(src) > 1:
+                    self._cursor[b] = src[node] + 1 if node > 0 else src[1]
         if self.adaptive:
             acc = num_accepted.long().cpu()
             grow = torch.minimum(self._depth + 2, torch.full_like(self._depth, self._kmax))
@@ -86,6 +108,7 @@ class NGramDrafter:
     def keep(self, rows):
         if self._depth is not None:
             self._depth = self._depth[rows.cpu()]
+        self._cursor = [self._cursor[b] for b in rows.tolist()]
 
     def propose(self, batch, k, tree, sampling) -> Draft:
         k = self.k or k
@@ -100,19 +123,46 @@ class NGramDrafter:
         lengths = batch.lengths.tolist()
         seqs = batch.tokens.cpu()
         roots = seqs[torch.arange(len(lengths)), batch.lengths.cpu() - 1]
+        depths = [{} for _ in lengths]                           # per request: continuation start -> draft length
+        if len(self._cursor) != len(lengths):                    # proposing without reset()
+            self._cursor = [-1] * len(lengths)
+        for b, found in enumerate(matches):
+            for start, matched in found:
+                depths[b].setdefault(start, min(self._length(matched, k), caps[b]))
+            resumed = self._resume(seqs[b], lengths[b], self._cursor[b]) if self.resume_window else None
+            if resumed is not None:
+                start, matched = resumed
+                found[:] = [resumed] + [m for m in found if m[0] != start]
+                depths[b][start] = min(max(self.resume_length, self._length(matched, k)), k, caps[b])
         if tree is None:
-            conts = []
+            conts, self._sources = [], []
             for b, found in enumerate(matches):
-                if not found:
-                    conts.append([])
-                    continue
-                start, matched = found[0]
-                depth = min(self._length(matched, k), caps[b])
+                start = found[0][0] if found else 0
+                depth = depths[b].get(start, 0)
                 conts.append(seqs[b, start:min(start + depth, lengths[b])].tolist())
+                self._sources.append([-1] + list(range(start, start + len(conts[-1]))))
             self._drafted = torch.tensor([len(c) for c in conts], dtype=torch.int64)
             return _chain_draft(conts, roots, batch.device)
         self._drafted = torch.tensor(caps, dtype=torch.int64)
-        return self._trie(matches, seqs, lengths, roots, k, tree, caps, batch.device)
+        return self._trie(matches, depths, seqs, lengths, roots, tree, batch.device)
+
+    def _resume(self, row: torch.Tensor, length: int, cursor: int):
+        """(continuation start, n-gram size) of the match that resumes the copied text: its continuation
+        starts within resume_window tokens after `cursor`; longest n-gram first, then nearest. None: no such match."""
+        if cursor < 0:
+            return None
+        lo, hi = cursor, min(cursor + self.resume_window, length - 1)
+        if lo > hi:
+            return None
+        row = row[:length].tolist()
+        for n in range(self.n, self.min_n - 1, -1):
+            if length <= n:
+                continue
+            suffix = row[length - n:]
+            for start in range(max(lo, n), hi + 1):
+                if row[start - n:start] == suffix:
+                    return start, n
+        return None
 
     def _matches(self, tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[tuple[int, int]]]:
         """For each request its matches as (continuation start, n-gram size), best first: longest n-gram
@@ -145,14 +195,13 @@ class NGramDrafter:
                     del found[b][self.max_matches:]
         return found
 
-    def _trie(self, matches, seqs, lengths, roots, k, budget, caps, device) -> Draft:
-        trees = []
+    def _trie(self, matches, depths, seqs, lengths, roots, budget, device) -> Draft:
+        trees, self._sources = [], []
         for b, found in enumerate(matches):
-            toks, pars, children = [int(roots[b])], [-1], [{}]
-            for s, matched in found:
+            toks, pars, children, srcs = [int(roots[b])], [-1], [{}], [-1]
+            for s, _ in found:
                 node = 0
-                depth = min(self._length(matched, k), caps[b])
-                for tok in seqs[b, s:min(s + depth, lengths[b])].tolist():
+                for i, tok in enumerate(seqs[b, s:min(s + depths[b][s], lengths[b])].tolist()):
                     nxt = children[node].get(tok)
                     if nxt is None:
                         if len(toks) > budget:
@@ -161,11 +210,13 @@ class NGramDrafter:
                         toks.append(tok)
                         pars.append(node)
                         children.append({})
+                        srcs.append(s + i)
                         children[node][tok] = nxt
                     node = nxt
                 if len(toks) > budget:
                     break
             trees.append((toks, pars))
+            self._sources.append(srcs)
         width = max(len(t) for t, _ in trees)
         tokens = torch.zeros(len(trees), width, dtype=torch.int64)
         parents = torch.full((len(trees), width), -1, dtype=torch.int64)
