@@ -2,8 +2,10 @@
 
 Same process, same prompts (code writing, rewriting a given text, a structured list), chat template:
   plain      model.generate(do_sample=False)
-  lookup     transformers' assisted generation with prompt lookup (prompt_lookup_num_tokens)
-  chain      SpeculativeDecoder + NGramDrafter, chain drafts
+  lookupN    transformers' assisted generation with prompt lookup, prompt_lookup_num_tokens=N (10, its
+             default, and 16 by default: --lookup-tokens)
+  chain      SpeculativeDecoder + NGramDrafter(resume_window=8), chain drafts (on a CPU lengths=(0, 16, 32):
+             none after a 1-token match, 16 tokens after a 2-token one, 32 after longer ones)
   tree       SpeculativeDecoder + NGramDrafter, trie of several matches, one forward per tree
 At batch 1 every method decodes the prompts one after another; then the loop decodes batches of 4 and
 8 ragged prompts at once (transformers has no batched speculative path). tokens/s counts generated
@@ -59,21 +61,38 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
     parser.add_argument("--target", default=None, help="HF directory or .gguf (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--k", type=int, default=10, help="n-gram draft length (chain) / deepest path (tree)")
+    parser.add_argument("--k", type=int, default=None,
+                        help="longest n-gram draft (chain) / deepest path (tree) (default: the longest --lengths "
+                             "entry, else 10)")
+    parser.add_argument("--lengths", default="auto",
+                        help="NGramDrafter(lengths=...): draft length after a 1-, 2-, 3+-token match, comma-separated; "
+                             "'none': k for any match; 'auto' (default): 0,16,32 on a CPU, none on a GPU")
     parser.add_argument("--tree", type=int, default=16, help="tree budget (nodes besides the root)")
+    parser.add_argument("--resume", type=int, default=8, help="NGramDrafter(resume_window=...); 0 = off")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="rounds of the batch-1 runs; each method reports its median round (default 3, --quick 1)")
+    parser.add_argument("--batch-sizes", default=None,
+                        help="comma-separated batch sizes after batch 1 (default 4,8; --quick 4; '' = none)")
     parser.add_argument("--min-n", type=int, default=1, help="shortest n-gram the drafter matches")
     parser.add_argument("--adaptive", action="store_true", help="NGramDrafter(adaptive=True)")
-    parser.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for transformers")
+    parser.add_argument("--lookup-tokens", default="10,16",
+                        help="prompt_lookup_num_tokens for transformers, comma-separated: one baseline each; the first "
+                             "(10 = transformers' default) is the one vs_lookup divides by")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(args.threads or 1)
     elif args.threads:
         torch.set_num_threads(args.threads)
 
+    from specdec_ops.__main__ import ngram_lengths
     from specdec_ops.decoding import NGramDrafter, SpeculativeDecoder
     from specdec_ops.decoding.models import default_target, load_model
 
     max_new = 32 if args.quick and args.max_new_tokens == 128 else args.max_new_tokens
+    args.repeat = args.repeat or (1 if args.quick else 3)
+    lookup_tokens = [int(x) for x in args.lookup_tokens.split(",")]
+    lengths = ngram_lengths(args.lengths, args.device)
+    args.k = args.k or (max(lengths) if lengths else 10)
     model, tokenizer = load_model(args.target or default_target(), args.device)
     if args.device == "cuda":
         import specdec_ops.hf_attention  # noqa: F401  (registers "specdec_tree")
@@ -82,26 +101,31 @@ def main() -> None:
     prompts = [_encode(tokenizer, p) for p in PROMPTS]
     main_prompts = prompts[:1] if args.quick else prompts[:3]
     print(f"device={args.device} threads={torch.get_num_threads()} max_new_tokens={max_new} "
-          f"prompts={len(main_prompts)} k={args.k} tree={args.tree} min_n={args.min_n} adaptive={args.adaptive} "
-          f"lookup={args.lookup_tokens}", flush=True)
+          f"prompts={len(main_prompts)} k={args.k} lengths={lengths} resume={args.resume} tree={args.tree} "
+          f"min_n={args.min_n} "
+          f"adaptive={args.adaptive} lookup={lookup_tokens}", flush=True)
 
     def plain(p):
         ids = torch.tensor([p], device=args.device)
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
                               eos_token_id=eos, pad_token_id=eos)[0, len(p):].tolist()
 
-    def lookup(p):
-        ids = torch.tensor([p], device=args.device)
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                              eos_token_id=eos, pad_token_id=eos,
-                              prompt_lookup_num_tokens=args.lookup_tokens)[0, len(p):].tolist()
+    def lookup(num_tokens):
+        def run(p):
+            ids = torch.tensor([p], device=args.device)
+            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                  do_sample=False, eos_token_id=eos, pad_token_id=eos,
+                                  prompt_lookup_num_tokens=num_tokens)[0, len(p):].tolist()
+        return run
 
     def drafter():
-        return NGramDrafter(n=3, min_n=args.min_n, adaptive=args.adaptive)
+        return NGramDrafter(n=3, min_n=args.min_n, adaptive=args.adaptive, lengths=lengths, resume_window=args.resume)
 
     chain_dec = SpeculativeDecoder(model, drafter(), num_speculative_tokens=args.k)
     tree_dec = SpeculativeDecoder(model, drafter(), num_speculative_tokens=args.k, tree=args.tree)
-    methods = {"plain": plain, "lookup": lookup,
+    baselines = {"plain": plain, **{f"lookup{n}": lookup(n) for n in lookup_tokens}}
+    lookup_name = f"lookup{lookup_tokens[0]}"
+    methods = {**baselines,
                "chain": lambda p: _ours(chain_dec, [p], max_new, eos),
                "tree": lambda p: _ours(tree_dec, [p], max_new, eos)}
 
@@ -109,56 +133,71 @@ def main() -> None:
         _warmup(main_prompts[0], chain_dec, tree_dec, eos, args.device)
 
         table = Table(["batch", "method", "tokens", "seconds", "tokens_per_s", "vs_plain", "vs_lookup",
-                       "mean_accepted", "same"])
-        totals = {name: [0, 0.0, 0, 0] for name in methods}  # tokens, seconds, emitted-per-forward sums
+                       "vs_best_lookup", "mean_accepted", "same"])
+        # per method and round: tokens, seconds, emitted tokens, verify forwards, identical to plain
+        rounds = {name: [] for name in methods}
         with profiled_region(args.device):
-            for p in main_prompts:   # interleave the methods prompt by prompt (fair under drifting load)
-                ref = None
-                for name, fn in methods.items():
-                    with nvtx_range(f"e2e-{name}", args.device):
-                        synchronize(args.device)
-                        start = time.perf_counter()
-                        out = fn(p)
-                        synchronize(args.device)
-                        seconds = time.perf_counter() - start
-                    tokens, stats = out if isinstance(out, tuple) else (out, None)
-                    if name == "plain":
-                        ref = tokens
-                    t = totals[name]
-                    t[0] += len(tokens[0] if stats else tokens)
-                    t[1] += seconds
-                    if stats is not None:
-                        t[2] += stats.generated_tokens
-                        t[3] += stats.target_forwards
-                    same = (tokens[0] if stats else tokens) == ref
-                    t.append(same)
-        plain_tps = totals["plain"][0] / totals["plain"][1]
-        lookup_tps = totals["lookup"][0] / totals["lookup"][1]
+            for _ in range(args.repeat):
+                tally = {name: [0, 0.0, 0, 0, True] for name in methods}
+                for p in main_prompts:   # interleave the methods prompt by prompt (fair under drifting load)
+                    ref = None
+                    for name, fn in methods.items():
+                        with nvtx_range(f"e2e-{name}", args.device):
+                            synchronize(args.device)
+                            start = time.perf_counter()
+                            out = fn(p)
+                            synchronize(args.device)
+                            seconds = time.perf_counter() - start
+                        tokens, stats = out if isinstance(out, tuple) else (out, None)
+                        tokens = tokens[0] if stats is not None else tokens
+                        if name == "plain":
+                            ref = tokens
+                        t = tally[name]
+                        t[0] += len(tokens)
+                        t[1] += seconds
+                        if stats is not None:
+                            t[2] += stats.generated_tokens
+                            t[3] += stats.target_forwards
+                        t[4] &= tokens == ref
+                for name, t in tally.items():
+                    rounds[name].append(t)
+        # each method's round with the median time (rounds interleave the methods, so they share the load)
+        totals = {name: sorted(r, key=lambda t: t[1])[len(r) // 2] for name, r in rounds.items()}
+        tps = {name: t[0] / t[1] for name, t in totals.items()}
+        best_lookup = max(tps[f"lookup{n}"] for n in lookup_tokens)
         for name, t in totals.items():
-            tps = t[0] / t[1]
-            table.add(batch=1, method=name, tokens=t[0], seconds=t[1], tokens_per_s=tps, vs_plain=tps / plain_tps,
-                      vs_lookup=tps / lookup_tps, mean_accepted=(t[2] / t[3]) if t[3] else None,
-                      same=all(t[4:]))
+            table.add(batch=1, method=name, tokens=t[0], seconds=t[1], tokens_per_s=tps[name],
+                      vs_plain=tps[name] / tps["plain"], vs_lookup=tps[name] / tps[lookup_name],
+                      vs_best_lookup=tps[name] / best_lookup, mean_accepted=(t[2] / t[3]) if t[3] else None,
+                      same=all(r[4] for r in rounds[name]))
+        print(f"vs_plain / vs_lookup / vs_best_lookup: tokens/s relative to plain generate / prompt lookup with "
+              f"{lookup_tokens[0]} tokens / the fastest prompt lookup setting ({lookup_tokens}), each decoding the "
+              f"same prompts one by one; batch 1: median of {args.repeat} interleaved rounds; same: tokens identical "
+              "to plain generate's", flush=True)
 
         # batches: the loop decodes B ragged prompts at once; the baselines decode the same prompts one by one
-        batch_sizes = [4] if args.quick else [4, 8]
-        timed = {"plain": [], "lookup": []}   # per prompt: (tokens, seconds, tokens list)
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b] if args.batch_sizes is not None else (
+            [4] if args.quick else [4, 8])
+        if not batch_sizes:
+            table.write_json(args.json)
+            return
+        timed = {name: [] for name in baselines}   # per prompt: (tokens, seconds, tokens list)
         for i in range(max(batch_sizes)):
-            for name in ("plain", "lookup"):
+            for name, fn in baselines.items():
                 start = time.perf_counter()
-                tokens = methods[name](prompts[i])
+                tokens = fn(prompts[i])
                 timed[name].append((len(tokens), time.perf_counter() - start, tokens))
         for bsz in batch_sizes:
             batch_prompts = prompts[:bsz]
             refs = [t[2] for t in timed["plain"][:bsz]]
             base = {name: sum(t[0] for t in v[:bsz]) / sum(t[1] for t in v[:bsz]) for name, v in timed.items()}
-            table.add(batch=bsz, method="plain (1 by 1)", tokens=sum(t[0] for t in timed["plain"][:bsz]),
-                      seconds=sum(t[1] for t in timed["plain"][:bsz]), tokens_per_s=base["plain"], vs_plain=1.0,
-                      vs_lookup=base["plain"] / base["lookup"], mean_accepted=None, same=True)
-            table.add(batch=bsz, method="lookup (1 by 1)", tokens=sum(t[0] for t in timed["lookup"][:bsz]),
-                      seconds=sum(t[1] for t in timed["lookup"][:bsz]), tokens_per_s=base["lookup"],
-                      vs_plain=base["lookup"] / base["plain"], vs_lookup=1.0, mean_accepted=None,
-                      same=[t[2] for t in timed["lookup"][:bsz]] == refs)
+            best = max(base[f"lookup{n}"] for n in lookup_tokens)
+            for name, v in timed.items():
+                table.add(batch=bsz, method=f"{name} (1 by 1)", tokens=sum(t[0] for t in v[:bsz]),
+                          seconds=sum(t[1] for t in v[:bsz]), tokens_per_s=base[name],
+                          vs_plain=base[name] / base["plain"], vs_lookup=base[name] / base[lookup_name],
+                          vs_best_lookup=base[name] / best, mean_accepted=None,
+                          same=[t[2] for t in v[:bsz]] == refs)
             for name, dec in (("chain", chain_dec), ("tree", tree_dec)):
                 synchronize(args.device)
                 start = time.perf_counter()
@@ -166,13 +205,12 @@ def main() -> None:
                 synchronize(args.device)
                 seconds = time.perf_counter() - start
                 tokens = sum(len(s) for s in out.sequences)
-                tps = tokens / seconds
-                table.add(batch=bsz, method=name, tokens=tokens, seconds=seconds, tokens_per_s=tps,
-                          vs_plain=tps / base["plain"], vs_lookup=tps / base["lookup"],
-                          mean_accepted=out.stats.mean_accepted_length, same=out.sequences == refs)
+                rate = tokens / seconds
+                table.add(batch=bsz, method=name, tokens=tokens, seconds=seconds, tokens_per_s=rate,
+                          vs_plain=rate / base["plain"], vs_lookup=rate / base[lookup_name],
+                          vs_best_lookup=rate / best, mean_accepted=out.stats.mean_accepted_length,
+                          same=out.sequences == refs)
         table.write_json(args.json)
-    print("vs_plain / vs_lookup: tokens/s relative to plain generate / prompt lookup decoding the same prompts one "
-          "by one (batch 1); same: tokens identical to plain generate's")
 
 
 def _ours(decoder, prompts, max_new, eos):
