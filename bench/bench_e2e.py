@@ -5,7 +5,8 @@ Same process, same prompts (code writing, rewriting a given text, a structured l
   lookupN    transformers' assisted generation with prompt lookup, prompt_lookup_num_tokens=N (10, its
              default, and 16 by default: --lookup-tokens)
   chain      SpeculativeDecoder + NGramDrafter(resume_window=8), chain drafts (on a CPU lengths=(0, 16, 32):
-             none after a 1-token match, 16 tokens after a 2-token one, 32 after longer ones)
+             none after a 1-token match, 16 tokens after a 2-token one, 32 after longer ones; and
+             forward_overhead=16: a batch's drafts cut to one width worth its cost)
   tree       SpeculativeDecoder + NGramDrafter, trie of several matches, one forward per tree
 At batch 1 every method decodes the prompts one after another; then the loop decodes batches of 4 and
 8 ragged prompts at once (transformers has no batched speculative path). tokens/s counts generated
@@ -69,6 +70,9 @@ def main() -> None:
                              "'none': k for any match; 'auto' (default): 0,16,32 on a CPU, none on a GPU")
     parser.add_argument("--tree", type=int, default=16, help="tree budget (nodes besides the root)")
     parser.add_argument("--resume", type=int, default=8, help="NGramDrafter(resume_window=...); 0 = off")
+    parser.add_argument("--forward-overhead", default="auto",
+                        help="NGramDrafter(forward_overhead=...) for the batches: 'none', a number, or 'auto' (16 on a "
+                             "CPU, none on a GPU)")
     parser.add_argument("--repeat", type=int, default=None,
                         help="rounds of the batch-1 runs; each method reports its median round (default 3, --quick 1)")
     parser.add_argument("--batch-sizes", default=None,
@@ -93,6 +97,9 @@ def main() -> None:
     lookup_tokens = [int(x) for x in args.lookup_tokens.split(",")]
     lengths = ngram_lengths(args.lengths, args.device)
     args.k = args.k or (max(lengths) if lengths else 10)
+    overhead = {"auto": 16.0 if args.device == "cpu" else None, "none": None}.get(args.forward_overhead)
+    if args.forward_overhead not in ("auto", "none"):
+        overhead = float(args.forward_overhead)
     model, tokenizer = load_model(args.target or default_target(), args.device)
     if args.device == "cuda":
         import specdec_ops.hf_attention  # noqa: F401  (registers "specdec_tree")
@@ -101,7 +108,8 @@ def main() -> None:
     prompts = [_encode(tokenizer, p) for p in PROMPTS]
     main_prompts = prompts[:1] if args.quick else prompts[:3]
     print(f"device={args.device} threads={torch.get_num_threads()} max_new_tokens={max_new} "
-          f"prompts={len(main_prompts)} k={args.k} lengths={lengths} resume={args.resume} tree={args.tree} "
+          f"prompts={len(main_prompts)} k={args.k} lengths={lengths} resume={args.resume} "
+          f"forward_overhead={overhead} tree={args.tree} "
           f"min_n={args.min_n} "
           f"adaptive={args.adaptive} lookup={lookup_tokens}", flush=True)
 
@@ -119,7 +127,8 @@ def main() -> None:
         return run
 
     def drafter():
-        return NGramDrafter(n=3, min_n=args.min_n, adaptive=args.adaptive, lengths=lengths, resume_window=args.resume)
+        return NGramDrafter(n=3, min_n=args.min_n, adaptive=args.adaptive, lengths=lengths, resume_window=args.resume,
+                            forward_overhead=overhead)
 
     chain_dec = SpeculativeDecoder(model, drafter(), num_speculative_tokens=args.k)
     tree_dec = SpeculativeDecoder(model, drafter(), num_speculative_tokens=args.k, tree=args.tree)

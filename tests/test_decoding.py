@@ -63,7 +63,7 @@ def make_drafter(kind, target, small_drafter):
     if kind == "ngram-lengths":
         return NGramDrafter(n=3, lengths=(0, 2, 5))
     if kind == "ngram-resume":
-        return NGramDrafter(n=3, lengths=(1, 2, 5), resume_window=4, resume_length=3)
+        return NGramDrafter(n=3, lengths=(1, 2, 5), resume_window=4, resume_length=3, forward_overhead=4.0)
     if kind == "model":
         return ModelDrafter(small_drafter)
     return ModelDrafter(target)  # "self": the target drafts for itself, so long paths get accepted
@@ -308,6 +308,40 @@ def test_ngram_resume_follows_the_copied_text_after_an_edit():
     for bad in (dict(resume_window=-1), dict(resume_length=-2), dict(resume_window=1.5)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             NGramDrafter(**bad)
+
+
+def test_ngram_forward_overhead_cuts_batch_drafts_to_a_shared_width():
+    """With forward_overhead, one request's long draft does not widen a whole batch's window; requests that
+    keep getting their drafts accepted keep them; a single request is never cut."""
+    drafter = NGramDrafter(forward_overhead=16.0)
+    drafter._accepted, drafter._rejected = [0] * 8, [0] * 8
+    assert drafter._shared_width([32] + [0] * 7) == 0          # 8 requests pay 33 slots for one long draft
+    drafter._accepted, drafter._rejected = [0, 0], [0, 0]
+    assert 0 < drafter._shared_width([8, 8]) < 8               # prior acceptance 0.8: a middle width
+    drafter._accepted, drafter._rejected = [400, 400], [0, 0]
+    assert drafter._shared_width([8, 8]) == 8                  # always accepted so far: the full drafts
+    copy = [7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9]                # a three-token match: a long draft
+    batch = _batch([copy] + [[40 + i, 50 + i] for i in range(5)])   # five requests without a match
+    drafter = NGramDrafter(n=3, forward_overhead=16.0)
+    drafter.reset(batch, 64, VOCAB)
+    assert drafter.propose(batch, 8, None, None).num_nodes.tolist() == [1] * 6
+    assert NGramDrafter(n=3).propose(batch, 8, None, None).num_nodes.tolist() == [9] + [1] * 5
+    single = _batch([copy])
+    assert NGramDrafter(n=3, forward_overhead=16.0).propose(single, 8, None, None).num_nodes.tolist() == [9]
+    drafter.commit(torch.zeros(6, 1, dtype=torch.int64), torch.zeros(6, dtype=torch.int32))
+    assert drafter._accepted == [0] * 6 and drafter._rejected == [0] * 6   # empty drafts: nothing learned
+    pair = _batch([copy, copy])
+    drafter = NGramDrafter(n=3, forward_overhead=16.0)
+    drafter.reset(pair, 64, VOCAB)
+    nodes = drafter.propose(pair, 8, None, None).num_nodes.tolist()
+    assert nodes[0] == nodes[1] and 1 < nodes[0] < 9                     # prior 0.8: cut somewhere inside
+    cut = nodes[0] - 1
+    path = torch.tensor([list(range(cut + 1)), [0, 1] + [-1] * (cut - 1)])
+    drafter.commit(path, torch.tensor([cut, 1], dtype=torch.int32))
+    assert drafter._accepted == [cut, 1] and drafter._rejected == [0, 1]
+    for bad in (-1.0, "16", True):
+        with pytest.raises(ValueError, match="forward_overhead"):
+            NGramDrafter(forward_overhead=bad)
 
 
 @pytest.mark.parametrize("keep_limit", [None, 0], ids=["logits_to_keep", "all-rows"])

@@ -50,6 +50,13 @@ class NGramDrafter:
     target replaces a word of a text it is rewriting, the one-token match that resumes the text right
     behind it is the right one, while the earliest match elsewhere usually is not. 0 (the default) is off.
 
+    ``forward_overhead=f`` (chain drafts, more than one request): every request of a batch pays for the
+    widest draft, so the drafts are cut to the common length c that maximizes the expected tokens per
+    verify cost, ``sum_b (1 + p_b + .. + p_b^min(len_b, c)) / (f + B (c + 1))``, with p_b request b's
+    acceptance so far (accepted / (accepted + rejected drafts), prior 0.8) and f the cost of a verify
+    forward apart from its tokens, in tokens (about 16 for a 135M model on a CPU core). One long draft
+    then no longer widens the window of a whole batch. None (the default) is off.
+
     ``adaptive=True`` drafts per request at most one token more than it had accepted last step (all
     accepted: two more, up to k) -- on a CPU, where every verified token costs compute, this keeps
     low-acceptance stretches from paying for long rejected drafts.
@@ -59,7 +66,7 @@ class NGramDrafter:
 
     def __init__(self, n: int = 3, k: int | None = None, max_matches: int = 16, min_n: int = 1,
                  adaptive: bool = False, recent_first: bool = False, lengths=None, resume_window: int = 0,
-                 resume_length: int = 16):
+                 resume_length: int = 16, forward_overhead: float | None = None):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         if not isinstance(min_n, int) or not 1 <= min_n <= n:
@@ -74,7 +81,14 @@ class NGramDrafter:
         for name, value in (("resume_window", resume_window), ("resume_length", resume_length)):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if forward_overhead is not None and (isinstance(forward_overhead, bool) or
+                                             not isinstance(forward_overhead, (int, float)) or
+                                             not forward_overhead >= 0):
+            raise ValueError(f"forward_overhead must be None or a number >= 0, got {forward_overhead!r}")
         self.n, self.k, self.max_matches, self.min_n, self.adaptive = n, k, max_matches, min_n, adaptive
+        self.forward_overhead = forward_overhead
+        self._accepted: list[int] = []        # per request: draft tokens accepted so far
+        self._rejected: list[int] = []        # per request: drafts cut short by a rejection so far
         self.recent_first = recent_first
         self.lengths = lengths
         self.resume_window, self.resume_length = resume_window, resume_length
@@ -91,8 +105,13 @@ class NGramDrafter:
     def reset(self, batch, capacity, vocab_size):
         self._depth = None
         self._cursor = [-1] * len(batch.ids)
+        self._accepted, self._rejected = [0] * len(batch.ids), [0] * len(batch.ids)
 
     def commit(self, accepted_path, num_accepted):
+        if self.forward_overhead is not None:
+            for b, (acc, drafted) in enumerate(zip(num_accepted.tolist(), self._drafted.tolist())):
+                self._accepted[b] += acc
+                self._rejected[b] += acc < drafted
         if self.resume_window:
             # the cursor moves behind the deepest accepted node's source token (no drafts: it stays)
             last = torch.gather(accepted_path.long(), 1, num_accepted.long()[:, None])[:, 0].tolist()
@@ -108,7 +127,11 @@ class NGramDrafter:
     def keep(self, rows):
         if self._depth is not None:
             self._depth = self._depth[rows.cpu()]
-        self._cursor = [self._cursor[b] for b in rows.tolist()]
+        rows = rows.tolist()
+        self._cursor = [self._cursor[b] for b in rows]
+        if self._accepted:
+            self._accepted = [self._accepted[b] for b in rows]
+            self._rejected = [self._rejected[b] for b in rows]
 
     def propose(self, batch, k, tree, sampling) -> Draft:
         k = self.k or k
@@ -126,6 +149,7 @@ class NGramDrafter:
         depths = [{} for _ in lengths]                           # per request: continuation start -> draft length
         if len(self._cursor) != len(lengths):                    # proposing without reset()
             self._cursor = [-1] * len(lengths)
+            self._accepted, self._rejected = [0] * len(lengths), [0] * len(lengths)
         for b, found in enumerate(matches):
             for start, matched in found:
                 depths[b].setdefault(start, min(self._length(matched, k), caps[b]))
@@ -140,11 +164,27 @@ class NGramDrafter:
                 start = found[0][0] if found else 0
                 depth = depths[b].get(start, 0)
                 conts.append(seqs[b, start:min(start + depth, lengths[b])].tolist())
-                self._sources.append([-1] + list(range(start, start + len(conts[-1]))))
+            if self.forward_overhead is not None and len(conts) > 1:
+                cut = self._shared_width([len(c) for c in conts])
+                conts = [c[:cut] for c in conts]
+            for b, found in enumerate(matches):
+                start = found[0][0] if found else 0
+                self._sources.append([-1] + list(range(start, start + len(conts[b]))))
             self._drafted = torch.tensor([len(c) for c in conts], dtype=torch.int64)
             return _chain_draft(conts, roots, batch.device)
         self._drafted = torch.tensor(caps, dtype=torch.int64)
         return self._trie(matches, depths, seqs, lengths, roots, tree, batch.device)
+
+    def _shared_width(self, lengths: list[int]) -> int:
+        """The common draft length that maximizes expected tokens per verify cost (see forward_overhead)."""
+        probs = [(a + 4.0) / (a + r + 5.0) for a, r in zip(self._accepted, self._rejected)]   # prior 4 / 5
+        best, cut = -1.0, 0
+        for c in range(max(lengths) + 1):
+            gain = sum(1.0 + p * (1.0 - p ** min(n, c)) / (1.0 - p) for n, p in zip(lengths, probs))
+            value = gain / (self.forward_overhead + len(lengths) * (c + 1))
+            if value > best:
+                best, cut = value, c
+        return cut
 
     def _resume(self, row: torch.Tensor, length: int, cursor: int):
         """(continuation start, n-gram size) of the match that resumes the copied text: its continuation
