@@ -106,7 +106,7 @@ def forward(model, cache: RaggedKVCache, input_ids, position_ids, bias, logits_a
     keep = None
     if logits_at is not None and accepts_logits_to_keep(model):
         keep, where = torch.unique(logits_at, return_inverse=True)
-        if keep.numel() * input_ids.shape[0] * _vocab_rows(model) <= _KEEP_LIMIT:
+        if keep.numel() * input_ids.shape[0] * vocab_size(model) <= _KEEP_LIMIT:
             kwargs["logits_to_keep"] = keep
         else:
             keep = None
@@ -118,7 +118,9 @@ def forward(model, cache: RaggedKVCache, input_ids, position_ids, bias, logits_a
     return logits[rows, where if keep is not None else logits_at].float()
 
 
-def _vocab_rows(model) -> int:
+def vocab_size(model) -> int:
+    """Rows of the model's output projection (its config's vocab_size when it has none)."""
     emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    weight = getattr(emb, "weight", None)
-    return int(weight.shape[0]) if weight is not None else int(model.config.vocab_size)
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return int(emb.weight.shape[0])
+    return int(model.config.vocab_size)

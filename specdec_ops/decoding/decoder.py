@@ -15,7 +15,7 @@ import torch
 
 import specdec_ops as ops
 from specdec_ops._nvtx import nvtx_range
-from .cache import RaggedKVCache, forward
+from .cache import RaggedKVCache, forward, vocab_size as _vocab_size
 from .sampling import SamplingParams, request_seeds
 
 MAX_TREE_NODES = 255  # draft nodes besides the root: the verify window is at most 256 tokens
@@ -375,13 +375,6 @@ def _check_sampling(temperature, top_k, top_p) -> SamplingParams:
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     return SamplingParams(float(temperature), top_k, float(top_p))
-
-
-def _vocab_size(model) -> int:
-    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if emb is not None and getattr(emb, "weight", None) is not None:
-        return int(emb.weight.shape[0])
-    return int(model.config.vocab_size)
 
 
 def _device(model) -> torch.device:

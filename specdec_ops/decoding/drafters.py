@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 import specdec_ops as ops
-from .cache import RaggedKVCache
-from .decoder import Draft, _device, _dtype, _vocab_size, chain_tree, forward_window
+from .cache import RaggedKVCache, vocab_size
+from .decoder import Draft, _device, _dtype, chain_tree, forward_window
 from .sampling import sample_rows
 
 
@@ -279,7 +279,7 @@ class ModelDrafter:
 
     def __init__(self, model, branch: int = 4):
         self.model = model
-        self.vocab_size = _vocab_size(model)
+        self.vocab_size = vocab_size(model)
         self.branch = branch
         self.cache = None
 
