@@ -159,17 +159,12 @@ class NGramDrafter:
                 found[:] = [resumed] + [m for m in found if m[0] != start]
                 depths[b][start] = min(max(self.resume_length, self._length(matched, k)), k, caps[b])
         if tree is None:
-            conts, self._sources = [], []
-            for b, found in enumerate(matches):
-                start = found[0][0] if found else 0
-                depth = depths[b].get(start, 0)
-                conts.append(seqs[b, start:min(start + depth, lengths[b])].tolist())
+            starts = [found[0][0] if found else 0 for found in matches]       # the best match's continuation
+            conts = [seqs[b, s:min(s + depths[b].get(s, 0), lengths[b])].tolist() for b, s in enumerate(starts)]
             if self.forward_overhead is not None and len(conts) > 1:
                 cut = self._shared_width([len(c) for c in conts])
                 conts = [c[:cut] for c in conts]
-            for b, found in enumerate(matches):
-                start = found[0][0] if found else 0
-                self._sources.append([-1] + list(range(start, start + len(conts[b]))))
+            self._sources = [[-1] + list(range(s, s + len(c))) for s, c in zip(starts, conts)]
             self._drafted = torch.tensor([len(c) for c in conts], dtype=torch.int64)
             return _chain_draft(conts, roots, batch.device)
         self._drafted = torch.tensor(caps, dtype=torch.int64)
