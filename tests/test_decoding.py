@@ -311,8 +311,8 @@ def test_ngram_resume_follows_the_copied_text_after_an_edit():
 
 
 def test_ngram_forward_overhead_cuts_batch_drafts_to_a_shared_width():
-    """With forward_overhead, one request's long draft does not widen a whole batch's window; requests that
-    keep getting their drafts accepted keep them; a single request is never cut."""
+    """With forward_overhead, one request's long draft (chain or trie branch) does not widen a whole batch's
+    window; requests that keep getting their drafts accepted keep them; a single request is never cut."""
     drafter = NGramDrafter(forward_overhead=16.0)
     drafter._accepted, drafter._rejected = [0] * 8, [0] * 8
     assert drafter._shared_width([32] + [0] * 7) == 0          # 8 requests pay 33 slots for one long draft
@@ -330,6 +330,8 @@ def test_ngram_forward_overhead_cuts_batch_drafts_to_a_shared_width():
     assert NGramDrafter(n=3, forward_overhead=16.0).propose(single, 8, None, None).num_nodes.tolist() == [9]
     drafter.commit(torch.zeros(6, 1, dtype=torch.int64), torch.zeros(6, dtype=torch.int32))
     assert drafter._accepted == [0] * 6 and drafter._rejected == [0] * 6   # empty drafts: nothing learned
+    assert drafter.propose(batch, 8, 16, None).num_nodes.tolist() == [1] * 6          # tries: every branch cut
+    assert NGramDrafter(n=3).propose(batch, 8, 16, None).num_nodes.tolist() == [9] + [1] * 5
     pair = _batch([copy, copy])
     drafter = NGramDrafter(n=3, forward_overhead=16.0)
     drafter.reset(pair, 64, VOCAB)

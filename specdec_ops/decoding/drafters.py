@@ -50,10 +50,10 @@ class NGramDrafter:
     target replaces a word of a text it is rewriting, the one-token match that resumes the text right
     behind it is the right one, while the earliest match elsewhere usually is not. 0 (the default) is off.
 
-    ``forward_overhead=f`` (chain drafts, more than one request): every request of a batch pays for the
-    widest draft, so the drafts are cut to the common length c that maximizes the expected tokens per
-    verify cost, ``sum_b (1 + p_b + .. + p_b^min(len_b, c)) / (f + B (c + 1))``, with p_b request b's
-    acceptance so far (accepted / (accepted + rejected drafts), prior 0.8) and f the cost of a verify
+    ``forward_overhead=f`` (more than one request): every request of a batch pays for the widest draft,
+    so the drafts (with a tree budget: every trie branch) are cut to the common length c that maximizes
+    the expected tokens per verify cost, ``sum_b (1 + p_b + .. + p_b^min(len_b, c)) / (f + B (c + 1))``,
+    with p_b request b's acceptance so far (accepted / (accepted + rejected drafts), prior 0.8) and f the cost of a verify
     forward apart from its tokens, in tokens (about 16 for a 135M model on a CPU core). One long draft
     then no longer widens the window of a whole batch. None (the default) is off.
 
@@ -167,7 +167,11 @@ class NGramDrafter:
             self._sources = [[-1] + list(range(s, s + len(c))) for s, c in zip(starts, conts)]
             self._drafted = torch.tensor([len(c) for c in conts], dtype=torch.int64)
             return _chain_draft(conts, roots, batch.device)
-        self._drafted = torch.tensor(caps, dtype=torch.int64)
+        if self.forward_overhead is not None and len(matches) > 1:   # every branch capped at the shared width
+            longest = [max((min(depths[b][s], lengths[b] - s) for s, _ in found), default=0)
+                       for b, found in enumerate(matches)]
+            cut = self._shared_width(longest)
+            depths = [{s: min(d, cut) for s, d in row.items()} for row in depths]
         return self._trie(matches, depths, seqs, lengths, roots, tree, batch.device)
 
     def _shared_width(self, lengths: list[int]) -> int:
@@ -231,9 +235,9 @@ class NGramDrafter:
         return found
 
     def _trie(self, matches, depths, seqs, lengths, roots, budget, device) -> Draft:
-        trees, self._sources = [], []
+        trees, self._sources, deepest = [], [], []
         for b, found in enumerate(matches):
-            toks, pars, children, srcs = [int(roots[b])], [-1], [{}], [-1]
+            toks, pars, children, srcs, depth = [int(roots[b])], [-1], [{}], [-1], [0]
             for s, _ in found:
                 node = 0
                 for i, tok in enumerate(seqs[b, s:min(s + depths[b][s], lengths[b])].tolist()):
@@ -246,12 +250,15 @@ class NGramDrafter:
                         pars.append(node)
                         children.append({})
                         srcs.append(s + i)
+                        depth.append(i + 1)
                         children[node][tok] = nxt
                     node = nxt
                 if len(toks) > budget:
                     break
             trees.append((toks, pars))
             self._sources.append(srcs)
+            deepest.append(max(depth))
+        self._drafted = torch.tensor(deepest, dtype=torch.int64)   # the deepest path: all accepted or not
         width = max(len(t) for t, _ in trees)
         tokens = torch.zeros(len(trees), width, dtype=torch.int64)
         parents = torch.full((len(trees), width), -1, dtype=torch.int64)
