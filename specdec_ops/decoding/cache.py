@@ -89,8 +89,8 @@ def accepts_logits_to_keep(model) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
-# Above this many logit elements a per-request gather through ``logits_to_keep`` (which keeps the same
-# positions for every request) costs more than projecting every position.
+# Above this many logit elements (B x B rows of V) keeping B positions for every request through
+# ``logits_to_keep`` costs more than projecting every position.
 _KEEP_LIMIT = 1 << 26
 
 
@@ -103,19 +103,19 @@ def forward(model, cache: RaggedKVCache, input_ids, position_ids, bias, logits_a
     only those rows, ``[B, V]``: the model then projects just the needed positions onto the vocabulary
     when it takes ``logits_to_keep`` (a prefill over a long prompt needs one row, not Q)."""
     kwargs = {cache_kwarg(model): cache, **attention_kwargs}
-    keep = None
-    if logits_at is not None and accepts_logits_to_keep(model):
-        keep, where = torch.unique(logits_at, return_inverse=True)
-        if keep.numel() * input_ids.shape[0] * vocab_size(model) <= _KEEP_LIMIT:
-            kwargs["logits_to_keep"] = keep
-        else:
-            keep = None
+    batch = input_ids.shape[0]
+    # logits_to_keep keeps the same positions for every request: keep all B of them (fixed shape, no host
+    # sync) and take request b's own row b -- unless B x B rows cost more than projecting every position
+    kept = (logits_at is not None and accepts_logits_to_keep(model)
+            and batch * batch * vocab_size(model) <= _KEEP_LIMIT)
+    if kept:
+        kwargs["logits_to_keep"] = logits_at
     out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=bias, use_cache=True, **kwargs)
     logits = out.logits
     if logits_at is None:
         return logits.float()
-    rows = torch.arange(input_ids.shape[0], device=logits.device)
-    return logits[rows, where if keep is not None else logits_at].float()
+    rows = torch.arange(batch, device=logits.device)
+    return logits[rows, rows if kept else logits_at].float()
 
 
 def vocab_size(model) -> int:
