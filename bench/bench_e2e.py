@@ -4,9 +4,10 @@ Same process, same prompts (code writing, rewriting a given text, a structured l
   plain      model.generate(do_sample=False)
   lookupN    transformers' assisted generation with prompt lookup, prompt_lookup_num_tokens=N (10, its
              default, and 16 by default: --lookup-tokens)
-  chain      SpeculativeDecoder + NGramDrafter(resume_window=8), chain drafts (on a CPU lengths=(0, 16, 32):
-             none after a 1-token match, 16 tokens after a 2-token one, 32 after longer ones; and
-             forward_overhead=16: a batch's drafts cut to one width worth its cost)
+  chain      SpeculativeDecoder + NGramDrafter(resume_window=8, resume_after_edit=2, word_starts=...), chain
+             drafts (on a CPU lengths=(0, 16, 32): none after a 1-token match, 16 tokens after a 2-token
+             one, 32 after longer ones; and forward_overhead=16: a batch's drafts cut to one width worth
+             its cost)
   tree       SpeculativeDecoder + NGramDrafter, trie of several matches, one forward per tree
 At batch 1 every method decodes the prompts one after another; then the loop decodes batches of 4 and
 8 ragged prompts at once (transformers has no batched speculative path). tokens/s counts generated
@@ -70,6 +71,8 @@ def main() -> None:
                              "'none': k for any match; 'auto' (default): 0,16,32 on a CPU, none on a GPU")
     parser.add_argument("--tree", type=int, default=16, help="tree budget (nodes besides the root)")
     parser.add_argument("--resume", type=int, default=8, help="NGramDrafter(resume_window=...); 0 = off")
+    parser.add_argument("--edit", type=int, default=2,
+                        help="NGramDrafter(resume_after_edit=...) with the tokenizer's word starts; 0 = off")
     parser.add_argument("--forward-overhead", default="auto",
                         help="NGramDrafter(forward_overhead=...) for the batches: 'none', a number, or 'auto' (16 on a "
                              "CPU, none on a GPU)")
@@ -89,7 +92,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from specdec_ops.__main__ import ngram_lengths
-    from specdec_ops.decoding import NGramDrafter, SpeculativeDecoder
+    from specdec_ops.decoding import NGramDrafter, SpeculativeDecoder, word_starts
+    from specdec_ops.decoding.cache import vocab_size
     from specdec_ops.decoding.models import default_target, load_model
 
     max_new = 32 if args.quick and args.max_new_tokens == 128 else args.max_new_tokens
@@ -108,7 +112,7 @@ def main() -> None:
     prompts = [_encode(tokenizer, p) for p in PROMPTS]
     main_prompts = prompts[:1] if args.quick else prompts[:3]
     print(f"device={args.device} threads={torch.get_num_threads()} max_new_tokens={max_new} "
-          f"prompts={len(main_prompts)} k={args.k} lengths={lengths} resume={args.resume} "
+          f"prompts={len(main_prompts)} k={args.k} lengths={lengths} resume={args.resume} edit={args.edit} "
           f"forward_overhead={overhead} tree={args.tree} "
           f"min_n={args.min_n} "
           f"adaptive={args.adaptive} lookup={lookup_tokens}", flush=True)
@@ -126,9 +130,11 @@ def main() -> None:
                                   prompt_lookup_num_tokens=num_tokens)[0, len(p):].tolist()
         return run
 
+    starts = word_starts(tokenizer, vocab_size(model)) if args.edit else None
+
     def drafter():
         return NGramDrafter(n=3, min_n=args.min_n, adaptive=args.adaptive, lengths=lengths, resume_window=args.resume,
-                            forward_overhead=overhead)
+                            resume_after_edit=args.edit, word_starts=starts, forward_overhead=overhead)
 
     chain_dec = SpeculativeDecoder(model, drafter(), num_speculative_tokens=args.k)
     tree_dec = SpeculativeDecoder(model, drafter(), num_speculative_tokens=args.k, tree=args.tree)

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ngram-resume", type=int, default=8,
                      help="ngram drafter: prefer the match that resumes the copied text within N tokens after where "
                           "the last draft stopped matching (0 = off; default 8)")
+    gen.add_argument("--ngram-edit", type=int, default=2,
+                     help="ngram drafter: after a draft with at least N accepted tokens is rejected (the output edited "
+                          "the text it copies), continue that text behind the edited word (0 = off; default 2)")
     gen.add_argument("--adaptive", action="store_true",
                      help="ngram drafter: adapt the draft length to the last step's acceptance")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -87,7 +90,8 @@ def main(argv=None) -> int:
 def generate(args) -> int:
     import torch
 
-    from .decoding import ModelDrafter, NGramDrafter, SpeculativeDecoder
+    from .decoding import ModelDrafter, NGramDrafter, SpeculativeDecoder, word_starts
+    from .decoding.cache import vocab_size
     from .decoding.models import default_target, load_model
 
     if args.threads:
@@ -99,7 +103,8 @@ def generate(args) -> int:
     if args.draft == "ngram":
         lengths = ngram_lengths(args.ngram_lengths, device)
         drafter = NGramDrafter(n=args.ngram, min_n=min(args.ngram_min, args.ngram), adaptive=args.adaptive,
-                               lengths=lengths, resume_window=args.ngram_resume)
+                               lengths=lengths, resume_window=args.ngram_resume, resume_after_edit=args.ngram_edit,
+                               word_starts=word_starts(tokenizer, vocab_size(model)) if args.ngram_edit else None)
         k = args.k or (max(lengths) if lengths else 10)
     else:
         drafter = ModelDrafter(load_model(args.draft, device)[0])

@@ -44,7 +44,7 @@ def test_help_lists_the_flags():
 
 
 @pytest.mark.parametrize("extra", [[], ["--tree", "6"], ["--draft", "SELF"], ["--ngram-lengths", "1,2,4"],
-                                   ["--ngram-lengths", "none", "--k", "5", "--ngram-resume", "0"]],
+                                   ["--ngram-lengths", "none", "--k", "5", "--ngram-resume", "0", "--ngram-edit", "0"]],
                          ids=["ngram-chain", "ngram-tree", "model-drafter", "ngram-lengths", "ngram-fixed-k"])
 def test_generate_on_tiny_model_dir_streams_and_matches_plain_generate(tiny_model_dir, capsys, extra):
     from specdec_ops.__main__ import main

@@ -16,7 +16,8 @@ import torch
 pytest.importorskip("transformers")
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from specdec_ops.decoding import GenerateOutput, ModelDrafter, NGramDrafter, SpeculativeDecoder  # noqa: E402
+from specdec_ops.decoding import (GenerateOutput, ModelDrafter, NGramDrafter, SpeculativeDecoder,  # noqa: E402
+                                  word_starts)
 from specdec_ops.decoding.cache import cache_kwarg  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +65,9 @@ def make_drafter(kind, target, small_drafter):
         return NGramDrafter(n=3, lengths=(0, 2, 5))
     if kind == "ngram-resume":
         return NGramDrafter(n=3, lengths=(1, 2, 5), resume_window=4, resume_length=3, forward_overhead=4.0)
+    if kind == "ngram-edit":
+        return NGramDrafter(n=3, lengths=(1, 2, 5), resume_length=3, resume_after_edit=1,
+                            word_starts=torch.arange(VOCAB) % 3 == 0)
     if kind == "model":
         return ModelDrafter(small_drafter)
     return ModelDrafter(target)  # "self": the target drafts for itself, so long paths get accepted
@@ -73,7 +77,7 @@ def make_drafter(kind, target, small_drafter):
 
 
 @pytest.mark.parametrize("tree", [None, 6], ids=["chain", "tree"])
-@pytest.mark.parametrize("kind", ["ngram", "ngram-lengths", "ngram-resume", "model", "self"])
+@pytest.mark.parametrize("kind", ["ngram", "ngram-lengths", "ngram-resume", "ngram-edit", "model", "self"])
 def test_greedy_equals_target_generate_on_ragged_batch(target, small_drafter, kind, tree):
     max_new = 20
     expected = [reference_greedy(target, p, max_new) for p in PROMPTS]
@@ -308,6 +312,71 @@ def test_ngram_resume_follows_the_copied_text_after_an_edit():
     for bad in (dict(resume_window=-1), dict(resume_length=-2), dict(resume_window=1.5)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             NGramDrafter(**bad)
+
+
+def _emit(batch, tokens):
+    """Append `tokens` to request 0 of a test Batch (what the loop's emit does)."""
+    start = int(batch.lengths[0])
+    batch.tokens[0, start:start + len(tokens)] = torch.tensor(tokens)
+    batch.lengths[0] += len(tokens)
+
+
+def test_ngram_resume_after_edit_continues_behind_the_edited_word():
+    """A draft rejected after >= resume_after_edit accepted tokens: the next draft continues the copied text
+    behind the rejected token (with word_starts: behind the rest of its word), ahead of other matches;
+    fewer accepted tokens, a fully accepted draft or a trie leaf set nothing up."""
+    text = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]                 # positions 1 .. 10
+    seq = [50] + text + [60, 50, 10]                                 # the output starts copying after (50, 10)
+
+    def after_edit(drafter, accepted, tree=None, edit=(40,)):
+        batch = _batch([seq])
+        drafter.reset(batch, 64, VOCAB)
+        draft = drafter.propose(batch, 6, tree, None)
+        assert draft.tokens[0, 1:7].tolist() == [11, 12, 13, 14, 15, 16]
+        path = torch.full((1, draft.tokens.shape[1]), -1)
+        path[0, :accepted + 1] = torch.arange(accepted + 1)            # chain nodes (and the trie's first branch)
+        drafter.commit(path, torch.tensor([accepted], dtype=torch.int32))
+        _emit(batch, [11, 12, 13, 14, 15, 16][:accepted] + list(edit))   # the target wrote `edit` instead
+        return drafter.propose(batch, 6, tree, None)
+
+    plain = after_edit(NGramDrafter(n=3, lengths=(0, 8)), 2)
+    assert plain.num_nodes.tolist() == [1]                           # (12, 40), (40): no match, no draft
+    edit = after_edit(NGramDrafter(n=3, lengths=(0, 8), resume_after_edit=2, resume_length=4), 2)
+    assert edit.tokens[0, 1:].tolist() == [14, 15, 16, 17]          # 13 -> 40: resume behind it, 4 tokens
+    starts = torch.ones(VOCAB, dtype=torch.bool)
+    starts[14] = False                                               # "13 14" is one word: 14 continues it
+    word = NGramDrafter(n=3, lengths=(0, 8), resume_after_edit=2, resume_length=4, word_starts=starts)
+    assert after_edit(word, 2).tokens[0, 1:].tolist() == [15, 16, 17, 18]
+    starts[[15, 16, 17, 18, 19, 60, 50]] = False                     # no word start within 8 tokens: the next token
+    word = NGramDrafter(n=3, lengths=(0, 8), resume_after_edit=2, resume_length=4, word_starts=starts)
+    assert after_edit(word, 2).tokens[0, 1:].tolist() == [14, 15, 16, 17]
+    few = after_edit(NGramDrafter(n=3, lengths=(0, 8), resume_after_edit=3), 2)
+    assert few.num_nodes.tolist() == [1]                             # 2 accepted < 3: not taken for an edit
+    tree = after_edit(NGramDrafter(n=3, lengths=(0, 8), resume_after_edit=2, resume_length=4), 2, tree=8)
+    assert tree.tokens[0, 1:5].tolist() == [14, 15, 16, 17]          # the trie puts it first too
+    # everything accepted (the bonus token ends nothing that was drafted): no edit
+    done = NGramDrafter(n=3, lengths=(0, 8), resume_after_edit=2, resume_length=4)
+    assert after_edit(done, 6, edit=(41,)).num_nodes.tolist() == [1]
+    for bad in (dict(resume_after_edit=-1), dict(resume_after_edit=1.5), dict(word_starts=[True, False]),
+                dict(word_starts=torch.ones(2, 3, dtype=torch.bool)), dict(word_starts=torch.ones(4))):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            NGramDrafter(**bad)
+
+
+def test_word_starts_marks_tokens_that_begin_words():
+    class Tokenizer:
+        pieces = ["<s>", "\u0120the", "s", "\u2581word", "ing", ".", "\u010a", "", "9"]
+
+        def __len__(self):
+            return len(self.pieces)
+
+        def convert_ids_to_tokens(self, ids):
+            return [self.pieces[i] for i in ids]
+
+    table = word_starts(Tokenizer(), vocab_size=11)
+    assert table.dtype == torch.bool
+    assert table.tolist() == [True, True, False, True, False, True, True, True, False, True, True]
+    assert word_starts(Tokenizer()).shape == (9,)
 
 
 def test_ngram_forward_overhead_cuts_batch_drafts_to_a_shared_width():

@@ -7,6 +7,7 @@
 """
 
 from .decoder import Draft, GenerateOutput, GenerationStats, SpeculativeDecoder
-from .drafters import ModelDrafter, NGramDrafter
+from .drafters import ModelDrafter, NGramDrafter, word_starts
 
-__all__ = ["SpeculativeDecoder", "ModelDrafter", "NGramDrafter", "Draft", "GenerateOutput", "GenerationStats"]
+__all__ = ["SpeculativeDecoder", "ModelDrafter", "NGramDrafter", "Draft", "GenerateOutput", "GenerationStats",
+           "word_starts"]

@@ -30,6 +30,20 @@ def _chain_draft(conts: list[list[int]], roots: torch.Tensor, device) -> Draft:
     return Draft(tokens.to(device), parents.to(device), num_nodes.to(device), None, chain=True)
 
 
+def word_starts(tokenizer, vocab_size: int | None = None) -> torch.Tensor:
+    """bool [V] for ``NGramDrafter(word_starts=...)``: True for tokens that begin a word or are not letters
+    or digits -- a leading space or newline marker (``Ġ``/``Ċ``/``ĉ`` of byte-level BPE, ``▁`` of
+    SentencePiece), punctuation, special tokens -- False for tokens that continue a word ("s", "ing").
+    ``vocab_size`` (default: the tokenizer's length) pads the table with True for ids the tokenizer lacks."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    size = len(pieces) if vocab_size is None else vocab_size
+    out = torch.ones(size, dtype=torch.bool)
+    flags = [not piece or piece[0] in "\u0120\u010a\u0109\u2581" or not piece[0].isalnum()
+             for piece in pieces[:size]]
+    out[:len(flags)] = torch.tensor(flags, dtype=torch.bool)
+    return out
+
+
 class NGramDrafter:
     """Prompt lookup: match the last n tokens (n = `n` down to `min_n`, default 1) in the request's prompt and
     output so far and propose what followed (k tokens; None = num_speculative_tokens). With a tree budget,
@@ -50,6 +64,15 @@ class NGramDrafter:
     target replaces a word of a text it is rewriting, the one-token match that resumes the text right
     behind it is the right one, while the earliest match elsewhere usually is not. 0 (the default) is off.
 
+    ``resume_after_edit=r`` (r >= 1) handles the edit itself: when a draft with at least r accepted tokens
+    is rejected, the target is taken to have edited the copied text at the rejected token (a corrected
+    spelling, a replaced word), and unless a resume match is found the next draft continues the text
+    behind the edited word, ``resume_length`` tokens (capped by k), ahead of every other match. The
+    edited word ends at the rejected token, or with ``word_starts`` (bool [V], True for tokens that
+    begin a word or are not letters or digits; see :func:`word_starts`) at the next word start within 8
+    tokens: " fix" "s" edited into " fixes" resumes at " the", not at "s". The next step's ordinary resume
+    would find that place one forward later. 0 (the default) is off.
+
     ``forward_overhead=f`` (more than one request): every request of a batch pays for the widest draft,
     so the drafts (with a tree budget: every trie branch) are cut to the common length c that maximizes
     the expected tokens per verify cost, ``sum_b (1 + p_b + .. + p_b^min(len_b, c)) / (f + B (c + 1))``,
@@ -66,7 +89,8 @@ class NGramDrafter:
 
     def __init__(self, n: int = 3, k: int | None = None, max_matches: int = 16, min_n: int = 1,
                  adaptive: bool = False, recent_first: bool = False, lengths=None, resume_window: int = 0,
-                 resume_length: int = 16, forward_overhead: float | None = None):
+                 resume_length: int = 16, forward_overhead: float | None = None, resume_after_edit: int = 0,
+                 word_starts=None):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         if not isinstance(min_n, int) or not 1 <= min_n <= n:
@@ -78,13 +102,19 @@ class NGramDrafter:
             if not lengths or not all(isinstance(x, int) and x >= 0 for x in lengths):
                 raise ValueError(f"lengths must be None or a non-empty sequence of ints >= 0 (draft length per "
                                  f"matched n-gram size), got {lengths!r}")
-        for name, value in (("resume_window", resume_window), ("resume_length", resume_length)):
+        for name, value in (("resume_window", resume_window), ("resume_length", resume_length),
+                            ("resume_after_edit", resume_after_edit)):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if forward_overhead is not None and (isinstance(forward_overhead, bool) or
                                              not isinstance(forward_overhead, (int, float)) or
                                              not forward_overhead >= 0):
             raise ValueError(f"forward_overhead must be None or a number >= 0, got {forward_overhead!r}")
+        if word_starts is not None:
+            if not isinstance(word_starts, torch.Tensor) or word_starts.dtype != torch.bool or word_starts.dim() != 1:
+                raise ValueError("word_starts must be None or a 1-D bool tensor over the vocabulary (True: the "
+                                 f"token starts a word), got {word_starts!r:.80}")
+            word_starts = word_starts.cpu().tolist()
         self.n, self.k, self.max_matches, self.min_n, self.adaptive = n, k, max_matches, min_n, adaptive
         self.forward_overhead = forward_overhead
         self._accepted: list[int] = []        # per request: draft tokens accepted so far
@@ -92,9 +122,12 @@ class NGramDrafter:
         self.recent_first = recent_first
         self.lengths = lengths
         self.resume_window, self.resume_length = resume_window, resume_length
+        self.resume_after_edit, self.word_starts = resume_after_edit, word_starts
         self._depth = self._drafted = None
         self._cursor: list[int] = []          # per request: where the copied text resumes (-1: unknown)
         self._sources: list[list[int]] = []   # per request, per draft node: its token's position (-1: root)
+        self._edited: list[int] = []          # per request: source position of the token the target just edited
+        self._inner: list[set] = []           # per request: draft nodes with children (a rejection can follow)
 
     def _length(self, matched: int, k: int) -> int:
         """Draft length for a match of `matched` tokens."""
@@ -105,6 +138,7 @@ class NGramDrafter:
     def reset(self, batch, capacity, vocab_size):
         self._depth = None
         self._cursor = [-1] * len(batch.ids)
+        self._edited = [-1] * len(batch.ids)
         self._accepted, self._rejected = [0] * len(batch.ids), [0] * len(batch.ids)
 
     def commit(self, accepted_path, num_accepted):
@@ -112,13 +146,18 @@ class NGramDrafter:
             for b, (acc, drafted) in enumerate(zip(num_accepted.tolist(), self._drafted.tolist())):
                 self._accepted[b] += acc
                 self._rejected[b] += acc < drafted
-        if self.resume_window:
+        if self.resume_window or self.resume_after_edit:
             # the cursor moves behind the deepest accepted node's source token (no drafts: it stays)
             last = torch.gather(accepted_path.long(), 1, num_accepted.long()[:, None])[:, 0].tolist()
+            accepted = num_accepted.tolist()
             for b, node in enumerate(last):
                 src = self._sources[b]
                 if len(src) > 1:
                     self._cursor[b] = src[node] + 1 if node > 0 else src[1]
+                # a draft token below the last accepted node was rejected after a long enough accepted run:
+                # the target edited the copied text at the cursor
+                edited = self.resume_after_edit and accepted[b] >= self.resume_after_edit and node in self._inner[b]
+                self._edited[b] = self._cursor[b] if edited else -1
         if self.adaptive:
             acc = num_accepted.long().cpu()
             grow = torch.minimum(self._depth + 2, torch.full_like(self._depth, self._kmax))
@@ -129,6 +168,8 @@ class NGramDrafter:
             self._depth = self._depth[rows.cpu()]
         rows = rows.tolist()
         self._cursor = [self._cursor[b] for b in rows]
+        if self._edited:
+            self._edited = [self._edited[b] for b in rows]
         if self._accepted:
             self._accepted = [self._accepted[b] for b in rows]
             self._rejected = [self._rejected[b] for b in rows]
@@ -148,7 +189,7 @@ class NGramDrafter:
         roots = seqs[torch.arange(len(lengths)), batch.lengths.cpu() - 1]
         depths = [{} for _ in lengths]                           # per request: continuation start -> draft length
         if len(self._cursor) != len(lengths):                    # proposing without reset()
-            self._cursor = [-1] * len(lengths)
+            self._cursor, self._edited = [-1] * len(lengths), [-1] * len(lengths)
             self._accepted, self._rejected = [0] * len(lengths), [0] * len(lengths)
         for b, found in enumerate(matches):
             for start, matched in found:
@@ -158,6 +199,11 @@ class NGramDrafter:
                 start, matched = resumed
                 found[:] = [resumed] + [m for m in found if m[0] != start]
                 depths[b][start] = min(max(self.resume_length, self._length(matched, k)), k, caps[b])
+            elif self._edited[b] >= 0:
+                start = self._behind_edit(seqs[b], lengths[b], self._edited[b])
+                if start is not None:
+                    found[:] = [(start, 0)] + [m for m in found if m[0] != start]
+                    depths[b][start] = min(self.resume_length, k, caps[b])
         if tree is None:
             starts = [found[0][0] if found else 0 for found in matches]       # the best match's continuation
             conts = [seqs[b, s:min(s + depths[b].get(s, 0), lengths[b])].tolist() for b, s in enumerate(starts)]
@@ -165,6 +211,7 @@ class NGramDrafter:
                 cut = self._shared_width([len(c) for c in conts])
                 conts = [c[:cut] for c in conts]
             self._sources = [[-1] + list(range(s, s + len(c))) for s, c in zip(starts, conts)]
+            self._inner = [set(range(len(c))) for c in conts]
             self._drafted = torch.tensor([len(c) for c in conts], dtype=torch.int64)
             return _chain_draft(conts, roots, batch.device)
         if self.forward_overhead is not None and len(matches) > 1:   # every branch capped at the shared width
@@ -184,6 +231,19 @@ class NGramDrafter:
             if value > best:
                 best, cut = value, c
         return cut
+
+    def _behind_edit(self, row: torch.Tensor, length: int, edited: int):
+        """Where the copied text continues behind the word the target edited at position `edited`: the next
+        token, or with word_starts the next word start within 8 tokens. None: nothing left to copy."""
+        if edited + 1 >= length:
+            return None
+        if self.word_starts is not None:
+            table = self.word_starts
+            for start in range(edited + 1, min(edited + 9, length)):
+                tok = int(row[start])
+                if tok >= len(table) or table[tok]:
+                    return start
+        return edited + 1
 
     def _resume(self, row: torch.Tensor, length: int, cursor: int):
         """(continuation start, n-gram size) of the match that resumes the copied text: its continuation
@@ -235,7 +295,7 @@ class NGramDrafter:
         return found
 
     def _trie(self, matches, depths, seqs, lengths, roots, budget, device) -> Draft:
-        trees, self._sources, deepest = [], [], []
+        trees, self._sources, self._inner, deepest = [], [], [], []
         for b, found in enumerate(matches):
             toks, pars, children, srcs, depth = [int(roots[b])], [-1], [{}], [-1], [0]
             for s, _ in found:
@@ -257,6 +317,7 @@ class NGramDrafter:
                     break
             trees.append((toks, pars))
             self._sources.append(srcs)
+            self._inner.append(set(pars[1:]))
             deepest.append(max(depth))
         self._drafted = torch.tensor(deepest, dtype=torch.int64)   # the deepest path: all accepted or not
         width = max(len(t) for t, _ in trees)
