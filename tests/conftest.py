@@ -13,6 +13,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import importlib.util  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -34,3 +36,14 @@ def pytest_collection_modifyitems(config, items):
 def cpu_backend(request):
     """Each backend that runs on CPU tensors (triton: interpreter)."""
     return request.param
+
+
+def compile_ahead_of_time(script: str) -> None:
+    """Run tests/<script> (it compiles Triton kernels for sm_90 and prints "compiled") in a subprocess
+    without TRITON_INTERPRET: the interpreter never runs Triton's code generator, the real compiler does."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, os.path.join(here, script)], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]

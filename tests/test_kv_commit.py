@@ -9,7 +9,7 @@ import torch
 
 import specdec_ops
 from specdec_ops import reference
-from tests.conftest import HAS_CUDA, HAS_TRITON
+from conftest import HAS_TRITON
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.float8_e4m3fn]
 LAYOUTS = ["contiguous", "hf", "strided_dim", "paged"]

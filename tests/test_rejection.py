@@ -10,7 +10,7 @@ import specdec_ops
 from specdec_ops import reference
 from specdec_ops._checks import BackendUnavailableError
 
-from conftest import HAS_TRITON
+from conftest import HAS_TRITON, compile_ahead_of_time
 
 ALPHA = 1e-4  # significance level of every statistical test here
 
@@ -523,13 +523,4 @@ def test_cuda_graph_capture_and_replay():
 def test_triton_kernel_compiles_for_sm90_without_a_gpu():
     """The interpreter does not run Triton's code generator: compile every variant of the kernel to
     sm_90 ahead of time, so what only the real compiler rejects fails here."""
-    import os
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, os.path.join(here, "aot_rejection_kernel.py")], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
+    compile_ahead_of_time("aot_rejection_kernel.py")

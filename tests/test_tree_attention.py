@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import specdec_ops
 from specdec_ops import reference, tree
 
-from conftest import CPU_BACKENDS
+from conftest import CPU_BACKENDS, compile_ahead_of_time
 
 NAN = float("nan")
 
@@ -404,13 +404,4 @@ def test_cuda_paged_and_merge_and_graph_capture():
 def test_triton_kernels_compile_for_sm90_without_a_gpu():
     """The interpreter does not run Triton's code generator: compile to sm_90 ahead of time to catch
     what only the real compiler rejects (e.g. non-constexpr globals, dtype mismatches in loops)."""
-    import os
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.path.dirname(here) + os.pathsep + env.get("PYTHONPATH", "")
-    result = subprocess.run([sys.executable, os.path.join(here, "aot_tree_attention_kernel.py")], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
+    compile_ahead_of_time("aot_tree_attention_kernel.py")

@@ -13,6 +13,7 @@ from scipy import stats
 import specdec_ops
 from specdec_ops import reference
 from specdec_ops._checks import BackendUnavailableError
+from conftest import compile_ahead_of_time
 
 ALPHA = 1e-4
 NUM_DRAWS = 30_000
@@ -560,13 +561,4 @@ def test_triton_kernel_compiles_for_sm90_without_a_gpu():
     """The interpreter does not run Triton's code generator: compile the kernel's variants to sm_90
     ahead of time, so what only the real compiler rejects fails here."""
     pytest.importorskip("triton")
-    import os
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, os.path.join(here, "aot_tree_verify_kernel.py")], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
+    compile_ahead_of_time("aot_tree_verify_kernel.py")
