@@ -23,9 +23,10 @@ from . import _ops  # noqa: E402
 from ._backend import BACKENDS  # noqa: E402
 from ._checks import BackendUnavailableError, SpecDecArgumentError
 from .kv import kv_commit, kv_rollback
-from .sampling import rejection_sample, rejection_sample_packed
-from .tree import (TreeInfo, build_tree, merge_attention_states, parents_to_paths, paths_to_parents,
-                   topk_grid_to_parents, tree_attention, tree_attention_bias)
+from .rejection import rejection_sample, rejection_sample_packed
+from .attention_merge import merge_attention_states
+from .tree import TreeInfo, build_tree, parents_to_paths, paths_to_parents, topk_grid_to_parents
+from .attention import tree_attention, tree_attention_bias
 from .tree_verify import tree_rejection_sample
 from .types import SampleOutput, TreeSampleOutput
 

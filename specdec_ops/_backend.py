@@ -67,13 +67,8 @@ def _why_unavailable(backend: str, device: torch.device, op: str, native_op: str
     raise SpecDecArgumentError(f"backend must be one of None, {', '.join(repr(b) for b in BACKENDS)}; got {backend!r}")
 
 
-def resolve_backend(backend: str | None, device: torch.device, op: str, *, native_op: str | None = None,
-                    triton_op: str | None = None) -> str:
-    """The backend to run `op` on for tensors on `device`.
-
-    native_op / triton_op name the specdec:: ops holding the C++/CUDA and the
-    Triton kernels (None when the op has no such kernel).
-    """
+def _resolve_uncached(backend: str | None, device: torch.device, op: str, native_op: str | None,
+                      triton_op: str | None) -> str:
     if backend is not None:
         why = _why_unavailable(backend, device, op, native_op, triton_op)
         if why is not None:
@@ -84,3 +79,41 @@ def resolve_backend(backend: str | None, device: torch.device, op: str, *, nativ
         if _why_unavailable(candidate, device, op, native_op, triton_op) is None:
             return candidate
     return "reference"
+
+
+_RESOLVED: dict[tuple, str] = {}
+
+
+@torch.compiler.assume_constant_result
+def resolve_backend(backend: str | None, device: torch.device, op: str, *, native_op: str | None = None,
+                    triton_op: str | None = None) -> str:
+    """The backend to run `op` on for tensors on `device` (the one resolver of every op).
+
+    native_op / triton_op name the specdec:: ops holding the C++/CUDA and the
+    Triton kernels (None when the op has no such kernel). The answer is a constant
+    of the build: torch.compile bakes it in (Dynamo cannot trace the dispatcher
+    queries), and eager calls remember it per (backend, device type, op), except
+    for "triton", whose availability on CPU tensors depends on TRITON_INTERPRET.
+    """
+    device = torch.device(device)
+    key = (backend, device.type, op, native_op, triton_op)
+    resolved = _RESOLVED.get(key)
+    if resolved is None:
+        resolved = _resolve_uncached(backend, device, op, native_op, triton_op)
+        if backend != "triton":
+            _RESOLVED[key] = resolved
+    return resolved
+
+
+def values_checked_here(device: torch.device, backend: str | None = None) -> bool:
+    """Whether a Python wrapper checks index *values* itself (DESIGN.md §4).
+
+    Values are checked on CPU tensors only (on the GPU that would need a host sync;
+    bad values get the documented safe behaviour there) and not under torch.compile.
+    Pass the resolved `backend` for ops whose C++ CPU kernel checks values itself:
+    then "cpu" is left to the kernel (same messages) and the reference and Triton
+    backends are checked here. backend=None: the wrapper checks for every backend.
+    """
+    if device.type != "cpu" or torch.compiler.is_compiling():
+        return False
+    return backend != "cpu"

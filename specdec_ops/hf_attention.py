@@ -48,7 +48,7 @@ def specdec_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     if tree_mask is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    from .tree import tree_attention, tree_attention_bias
+    from .attention import tree_attention, tree_attention_bias
 
     if prefix_lens is None:
         raise ValueError("specdec_tree attention: tree_mask needs prefix_lens (int [B]) too")

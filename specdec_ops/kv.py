@@ -118,24 +118,6 @@ def _check_values(caches, seq_lens, accepted_path, block_table) -> None:
                  f"{'max_blocks * block_size' if paged else 'S'} = {capacity})")
 
 
-_RESOLVED: dict[tuple[str | None, str], str] = {}
-
-
-@torch.compiler.assume_constant_result
-def _resolve_backend(backend: str | None, device: str) -> str:
-    # resolve_backend asks the dispatcher which kernels exist, which Dynamo cannot
-    # trace; the answer is a constant of the build, so torch.compile bakes it in
-    # (and eager calls remember it, except "triton", which depends on TRITON_INTERPRET).
-    key = (backend, device)
-    resolved = _RESOLVED.get(key)
-    if resolved is None:
-        resolved = resolve_backend(backend, torch.device(device), "kv_commit", native_op="kv_commit",
-                                   triton_op="kv_commit_triton")
-        if backend != "triton":
-            _RESOLVED[key] = resolved
-    return resolved
-
-
 # ---------------------------------------------------------------------------------------------- public
 
 
@@ -206,7 +188,8 @@ def kv_commit(
     tensor([7], dtype=torch.int32)
     """
     check_tensor(seq_lens, "seq_lens")
-    backend = _resolve_backend(backend, str(seq_lens.device))
+    backend = resolve_backend(backend, seq_lens.device, "kv_commit", native_op="kv_commit",
+                              triton_op="kv_commit_triton")
     native = backend in ("cpu", "cuda") and not torch.compiler.is_compiling()
     # The C++ op checks every cache itself (naming it) in one loop: the Python
     # per-cache checks (~1 us per cache) run only for the other backends.

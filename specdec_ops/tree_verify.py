@@ -9,18 +9,13 @@ from __future__ import annotations
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, resolve_backend, triton_interpreting
+from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_greedy, check_rank, check_shape,
                       fail, first_bad, rng_inputs)
 from .types import TreeSampleOutput
 
 __all__ = ["tree_rejection_sample"]
 
-
-def _values_checked_here(device: torch.device, backend: str) -> bool:
-    # The C++ CPU kernel checks values itself (also under torch.compile); the
-    # reference and Triton backends get the same checks from Python, on CPU only.
-    return device.type == "cpu" and backend in ("reference", "triton") and not torch.compiler.is_compiling()
 
 
 def _check_values(tree_token_ids, parents, num_nodes, vocab):
@@ -152,7 +147,7 @@ def tree_rejection_sample(
     backend = resolve_backend(backend, device, "tree_rejection_sample", native_op="tree_rejection_sample",
                               triton_op="tree_rejection_sample_triton")
 
-    if _values_checked_here(device, backend):
+    if values_checked_here(device, backend):
         _check_values(tree_token_ids, parents, num_nodes, vocab)
 
     if backend == "reference":

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import specdec_ops
-from specdec_ops import reference, tree
+from specdec_ops import attention as attention_module, reference
 
 from conftest import CPU_BACKENDS, compile_ahead_of_time
 
@@ -176,7 +176,7 @@ def test_tree_wider_than_one_mask_word_and_long_prefix():
 def test_triton_split_kv_path(monkeypatch, splits):
     if "triton" not in CPU_BACKENDS:
         pytest.skip("triton not installed")
-    monkeypatch.setattr(tree, "_FORCE_NUM_SPLITS", splits)
+    monkeypatch.setattr(attention_module, "_FORCE_NUM_SPLITS", splits)
     q, k, v, prefix_lens, mask = make_case(n=6, prefix=(0, 90), num_nodes=torch.tensor([6, 3]), seed=splits)
     assert_matches_reference("triton", q, k, v, prefix_lens, mask)
 

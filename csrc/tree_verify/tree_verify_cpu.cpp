@@ -1,6 +1,6 @@
 // C++ CPU kernel of tree verification (DESIGN.md §5.3): parallel over requests,
 // the same arithmetic (tree_verify_math.h) and random numbers as the CUDA kernel.
-#include "../sampling/sampling_cpu.h"
+#include "../common/sampling_cpu.h"
 #include "tree_verify_math.h"
 #include "tree_verify_params.h"
 

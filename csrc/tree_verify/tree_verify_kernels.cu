@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "../sampling/sampling_cuda.cuh"
+#include "../common/sampling_cuda.cuh"
 #include "tree_verify_math.h"
 #include "tree_verify_params.h"
 

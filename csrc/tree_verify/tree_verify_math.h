@@ -1,7 +1,7 @@
 // Arithmetic of tree verification (DESIGN.md §5.3) shared by the CPU and CUDA
 // kernels (and re-expressed in triton_kernels/tree_verify.py and reference.py).
 // The acceptance test, residual element, race score and ArgMax come from
-// ../sampling/sampling_math.h; this header adds what trees need on top.
+// ../common/sampling_math.h; this header adds what trees need on top.
 // Plain C++17: no torch headers, compiles under g++ and nvcc.
 //
 // The walk. At node u with current distribution p' (starts as p_u) the children
@@ -29,7 +29,7 @@
 
 #include "../common/macros.h"
 #include "../common/philox.h"
-#include "../sampling/sampling_math.h"
+#include "../common/sampling_math.h"
 
 namespace specdec {
 

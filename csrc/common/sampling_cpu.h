@@ -1,5 +1,5 @@
 // Host-side building blocks shared by the sampling CPU kernels (chain:
-// rejection_cpu.cpp, tree: tree_verify/tree_verify_cpu.cpp).
+// rejection/rejection_cpu.cpp, tree: tree_verify/tree_verify_cpu.cpp).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "../common/prob_dtype.h"
+#include "prob_dtype.h"
 
 namespace specdec {
 namespace cpu {

@@ -10,8 +10,8 @@
 #include <cstdint>
 
 #include "rejection_params.h"
-#include "sampling_cuda.cuh"
-#include "sampling_math.h"
+#include "../common/sampling_cuda.cuh"
+#include "../common/sampling_math.h"
 
 namespace specdec {
 namespace {

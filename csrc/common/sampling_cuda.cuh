@@ -1,5 +1,5 @@
 // Device-side building blocks shared by the sampling kernels (chain:
-// rejection_kernels.cu, tree: tree_verify/tree_verify_kernels.cu). CUDA only,
+// rejection/rejection_kernels.cu, tree: tree_verify/tree_verify_kernels.cu). CUDA only,
 // no torch headers.
 #pragma once
 

@@ -1,13 +1,13 @@
 // Arithmetic of rejection sampling shared by the CPU and CUDA kernels (and
-// re-expressed in specdec_ops/triton_kernels/rejection.py and tree.py).
+// re-expressed in triton_kernels/rejection.py and tree_verify.py).
 // Plain C++17: no torch headers, compiles under g++ and nvcc.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "../common/macros.h"
-#include "../common/philox.h"
+#include "macros.h"
+#include "philox.h"
 
 namespace specdec {
 

@@ -1,12 +1,12 @@
 // Host-side tests of the helpers the CPU and CUDA sampling kernels share
-// (csrc/common/philox.h, csrc/sampling/sampling_math.h). No torch needed.
+// (csrc/common/philox.h, csrc/common/sampling_math.h). No torch needed.
 #include <cmath>
 #include <cstdint>
 
 #include "check.h"
 #include "common/philox.h"
-#include "sampling/rejection_params.h"
-#include "sampling/sampling_math.h"
+#include "rejection/rejection_params.h"
+#include "common/sampling_math.h"
 
 using namespace specdec;
 

@@ -1,8 +1,8 @@
 // C++ CPU kernel of chain rejection sampling: parallel over requests, the same
 // arithmetic (sampling_math.h) and random numbers (philox.h) as the CUDA kernel.
-#include "sampling_cpu.h"
+#include "../common/sampling_cpu.h"
 #include "rejection_params.h"
-#include "sampling_math.h"
+#include "../common/sampling_math.h"
 
 namespace specdec {
 namespace {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, resolve_backend, triton_interpreting
+from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_greedy, check_rank, check_shape,
                       fail, first_bad, rng_inputs)
 from .types import SampleOutput
@@ -41,11 +41,6 @@ def _check_draft_values(draft_token_ids, used, vocab):
     if bad is not None:
         fail(f"draft_token_ids{list(bad)} = {int(draft_token_ids[bad])} is outside the vocabulary [0, {vocab})")
 
-
-def _values_checked_here(device: torch.device, backend: str) -> bool:
-    # The C++ CPU kernel checks values itself (also under torch.compile); the
-    # reference and Triton backends get the same checks from Python, on CPU only.
-    return device.type == "cpu" and backend in ("reference", "triton") and not torch.compiler.is_compiling()
 
 
 # ---------------------------------------------------------------------------------------------- padded
@@ -128,7 +123,7 @@ def rejection_sample(
     backend = resolve_backend(backend, device, "rejection_sample", native_op="rejection_sample",
                               triton_op="rejection_sample_triton")
 
-    if _values_checked_here(device, backend):
+    if values_checked_here(device, backend):
         bad = first_bad((num_draft_tokens < 0) | (num_draft_tokens > max_draft))
         if bad is not None:
             fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft_tokens[bad])} is outside [0, K = {max_draft}]")
@@ -205,7 +200,7 @@ def rejection_sample_packed(
     backend = resolve_backend(backend, device, "rejection_sample_packed", native_op="rejection_sample_packed",
                               triton_op="rejection_sample_packed_triton")
 
-    if _values_checked_here(device, backend):
+    if values_checked_here(device, backend):
         cu = cu_num_draft_tokens
         if batch >= 0 and int(cu[0]) != 0:
             fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
