@@ -120,7 +120,9 @@ def process_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
             on = (k > 0) & (k < vocab) & ~greedy
             kth = ordered.gather(-1, (k.clamp(1, vocab) - 1).expand(*p.shape[:-1], 1))
             kth = torch.where(on, kth, 0.0)
-            p, ordered = _renormalize(p, p >= kth), _renormalize(ordered, ordered >= kth)
+            # one normalizer for both: equal entries of p and ordered stay bitwise equal
+            p, total = _renormalize(p, p >= kth, return_total=True)
+            ordered = _renormalize(ordered, ordered >= kth, total=total)
         if params.uses_top_p:
             top_p = params.top_p.view(view)
             # the smallest j with cumsum(ordered)[j] >= top_p; its value t keeps mass >= top_p (ties add more),
@@ -136,10 +138,13 @@ def process_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return p
 
 
-def _renormalize(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def _renormalize(p: torch.Tensor, keep: torch.Tensor, total: torch.Tensor | None = None, return_total=False):
+    """p where ``keep``, else 0, divided by its sum (or by ``total``); rows without mass stay 0."""
     kept = torch.where(keep, p, 0.0)
-    total = kept.sum(-1, keepdim=True)
-    return torch.where(total > 0, kept / total.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
+    if total is None:
+        total = kept.sum(-1, keepdim=True)
+    out = torch.where(total > 0, kept / total.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
+    return (out, total) if return_total else out
 
 
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
