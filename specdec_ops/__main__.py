@@ -12,13 +12,11 @@ import argparse
 import sys
 import time
 
-# An input-grounded task the 135M model does well (reformatting a given text): the answer copies much of the
-# prompt, so prompt lookup has something to draft, and the output is correct.
+# An input-grounded task the 135M model does well (translating given code): the answer copies much of the
+# prompt (names, arguments, expressions), so prompt lookup has something to draft, and the output is correct.
 DEFAULT_PROMPT = (
-    "Turn this text into a numbered list with one fact per line:\n\n"
-    "Mercury is the closest planet to the Sun. Venus is the hottest planet. Earth is the only planet known to "
-    "have life. Mars is called the Red Planet. Jupiter is the largest planet. Saturn has the most visible rings. "
-    "Uranus rotates on its side. Neptune has the strongest winds.")
+    "Translate these two Python functions to JavaScript:\n\n```python\ndef area(width, height):\n"
+    "    return width * height\n\n\ndef is_square(width, height):\n    return width == height\n```")
 
 
 def build_parser() -> argparse.ArgumentParser:

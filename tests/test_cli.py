@@ -97,7 +97,7 @@ def test_cli_builds_its_decoder_from_default_setup(tiny_model_dir, monkeypatch):
         {"num_speculative_tokens": 7, "tree": 5}
 
 
-def test_default_prompt_is_an_input_grounded_reformatting_task():
+def test_default_prompt_is_an_input_grounded_task():
     from specdec_ops.__main__ import DEFAULT_PROMPT
 
     assert "spelling" not in DEFAULT_PROMPT.lower() and "\n\n" in DEFAULT_PROMPT   # an instruction, then its text
