@@ -197,3 +197,19 @@ def test_ngram_argument_errors_name_the_argument():
         with pytest.raises(ValueError, match=name):
             NGramDrafter(**kwargs)
     assert Match(3, 2).start == 3
+
+
+def test_cost_model_uses_measured_costs_between_points():
+    """A measured table: linear between points, extended from the last two; a width whose forward costs much
+    more per token (here 2-3 tokens, as on a CPU) is skipped for a cheaper wider one."""
+    cost = CostModel({1: 10.0, 2: 25.0, 4: 26.0, 8: 28.0})
+    assert cost.cost(1) == 10.0 and cost.cost(3) == pytest.approx(25.5) and cost.cost(16) == pytest.approx(32.0)
+    good = RequestStats()
+    for _ in range(20):
+        good.record(3, 3, 2)           # two of three accepted: the third position is often rejected
+    lengths = {a: cost.lengths([good], [3], [a], 32)[0] for a in (1, 2, 3)}
+    assert lengths[1] == 0 and lengths[3] == 3     # one draft costs 2.5x a forward; three cost 2.6x and emit ~3
+    with pytest.raises(ValueError, match="forward_cost"):
+        CostModel({0: 1.0})
+    with pytest.raises(ValueError, match="forward_cost"):
+        CostModel({1: -1.0})

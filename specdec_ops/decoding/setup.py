@@ -29,12 +29,14 @@ def default_setup(target_model, tokenizer=None) -> dict:
     return {"drafter": drafter, "num_speculative_tokens": DEFAULT_K, "tree": None}
 
 
+COST_WIDTHS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33)   # verify widths timed by measure_forward_cost
+
+
 @torch.inference_mode()
-def measure_forward_cost(model, prefix: int = 128, widths: tuple[int, int] = (1, 33), repeat: int = 3
-                         ) -> tuple[float, float]:
-    """(fixed, per_token) seconds of one verify forward of ``model`` on its device, ``fixed + per_token *
-    tokens``, from the fastest of ``repeat`` timed forwards at two window widths after a ``prefix``-token
-    prefill (the loop's own forward and cache)."""
+def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: int = 2) -> dict[int, float]:
+    """{tokens: seconds} of a verify forward of ``model`` on its device over windows of ``widths`` tokens
+    after a ``prefix``-token prefill (the loop's own forward and cache): the fastest of ``repeat`` runs
+    after a warm-up run each."""
     device, dtype = model_device(model), model_dtype(model)
     vocab = int(model.config.vocab_size)
     cache = RaggedKVCache(model, 1, prefix + max(widths) + 1, device, dtype)
@@ -42,7 +44,7 @@ def measure_forward_cost(model, prefix: int = 128, widths: tuple[int, int] = (1,
     mask, depth = chain_tree(prefix, 1, device)
     forward(model, cache, tokens, cache.seq_lens, depth, mask, logits_at=torch.tensor([prefix - 1], device=device))
     cache.seq_lens.fill_(prefix)
-    times = []
+    out = {}
     for width in widths:
         ids = torch.arange(width, device=device)[None] % vocab
         mask, depth = chain_tree(width, 1, device)
@@ -53,10 +55,8 @@ def measure_forward_cost(model, prefix: int = 128, widths: tuple[int, int] = (1,
             forward(model, cache, ids, cache.seq_lens, depth, mask)
             _synchronize(device)
             best = min(best, time.perf_counter() - start)
-        times.append(best)
-    per_token = max((times[1] - times[0]) / (widths[1] - widths[0]), 0.0)
-    fixed = max(times[0] - per_token * widths[0], 1e-6)
-    return fixed, per_token
+        out[width] = best
+    return out
 
 
 def _synchronize(device) -> None:

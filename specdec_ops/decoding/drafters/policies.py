@@ -12,8 +12,8 @@ draft (continuation left, ``max_new_tokens`` and k). Policies:
 - :class:`FixedLength`: k tokens (classic prompt lookup).
 - :class:`ByMatchLength`: a table of lengths by match size, e.g. ``(0, 16, 32)``.
 - :class:`CostModel`: the length that maximizes expected emitted tokens per unit of verify cost, from
-  the acceptance observed so far and a measured forward cost (``fixed + per_token * tokens``); in a
-  batch every request pays for the widest draft, so one shared width is chosen.
+  the acceptance observed so far and the measured cost of a forward over t tokens; in a batch every
+  request pays for the widest draft, so one shared width is chosen.
 """
 
 from __future__ import annotations
@@ -68,6 +68,22 @@ class FixedLength:
         stats.record(match_size, drafted, accepted)
 
 
+def _cost_points(forward_cost) -> list[tuple[int, float]]:
+    """Sorted (tokens, cost) points from a {tokens: cost} mapping or a (fixed, per_token) pair."""
+    pair = (isinstance(forward_cost, (tuple, list)) and len(forward_cost) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in forward_cost))
+    if pair and forward_cost[0] > 0 and forward_cost[1] >= 0:
+        fixed, per_token = float(forward_cost[0]), float(forward_cost[1])
+        return [(1, fixed + per_token), (2, fixed + 2 * per_token)]
+    if isinstance(forward_cost, dict) and forward_cost and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 1 and isinstance(c, (int, float))
+            and not isinstance(c, bool) and c > 0 for t, c in forward_cost.items()):
+        return sorted((t, float(c)) for t, c in forward_cost.items())
+    raise ops.SpecDecArgumentError(f"forward_cost must be a {{tokens: cost > 0}} mapping of measured verify forwards "
+                                   f"or (fixed > 0, per_token >= 0) for fixed + per_token * tokens, got "
+                                   f"{forward_cost!r}")
+
+
 class ByMatchLength:
     """A match of m tokens drafts ``table[m - 1]`` tokens (the last entry for longer matches), capped by k."""
 
@@ -89,28 +105,37 @@ class ByMatchLength:
 class CostModel:
     """The draft length that maximizes expected emitted tokens per verify cost.
 
-    A verify forward over B requests of width c + 1 costs ``fixed + per_token * B * (c + 1)``
-    (``forward_cost = (fixed, per_token)``, in any one unit, e.g. measured seconds). Request b emits
-    ``E_b(n) = 1 + S_b(1) + ... + S_b(n)`` tokens in expectation when it drafts n tokens, where S_b(j), the
-    chance that the first j drafts are accepted, is the product of the hazards (chance of a rejection at
-    position i given all before accepted) observed for this request and this match size, per position bin.
-    Each hazard is smoothed towards the request's hazard for that bin over all match sizes, and that
-    towards ``prior_hazard``, each with ``prior_weight`` pseudo-observations. The policy picks the shared
-    width c maximizing ``sum_b E_b(min(available_b, c)) / cost(c)``; request b drafts min(available_b, c).
+    ``forward_cost`` is what a verify forward over ``t`` tokens (all requests' windows together) costs:
+    a mapping ``{tokens: cost}`` of measured points (:func:`~specdec_ops.decoding.measure_forward_cost`;
+    linear between them, extended from the last two), or ``(fixed, per_token)`` for ``fixed + per_token
+    * t``. On a CPU the measured cost is far from linear (matrix products over 2-3 rows cost much more
+    per row than over 1 or 4), which is why a table. Request b emits ``E_b(n) = 1 + S_b(1) + ... +
+    S_b(n)`` tokens in expectation when it drafts n tokens, where S_b(j), the chance that the first j
+    drafts are accepted, is the product of the hazards (chance of a rejection at position i given all
+    before accepted) observed for this request and this match size, per position bin. Each hazard is
+    smoothed towards the request's hazard for that bin over all match sizes, and that towards
+    ``prior_hazard``, each with ``prior_weight`` pseudo-observations. In a batch every request pays for
+    the widest draft, so the policy picks the shared width c maximizing
+    ``sum_b E_b(min(available_b, c)) / cost(B (c + 1))``; request b drafts min(available_b, c).
     """
 
-    def __init__(self, forward_cost: tuple[float, float], prior_hazard: float = 0.3, prior_weight: float = 1.0):
-        ok = (isinstance(forward_cost, (tuple, list)) and len(forward_cost) == 2
-              and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in forward_cost))
-        if not ok or not (forward_cost[0] > 0 and forward_cost[1] >= 0):
-            raise ops.SpecDecArgumentError(f"forward_cost must be (fixed > 0, per_token >= 0), the verify forward "
-                                           f"cost fixed + per_token * tokens, got {forward_cost!r}")
+    def __init__(self, forward_cost, prior_hazard: float = 0.3, prior_weight: float = 1.0):
+        self.points = _cost_points(forward_cost)
         if not 0.0 < prior_hazard < 1.0:
             raise ops.SpecDecArgumentError(f"prior_hazard must be in (0, 1), got {prior_hazard!r}")
         if not prior_weight > 0.0:
             raise ops.SpecDecArgumentError(f"prior_weight must be > 0, got {prior_weight!r}")
-        self.fixed, self.per_token = float(forward_cost[0]), float(forward_cost[1])
         self.prior_hazard, self.prior_weight = prior_hazard, prior_weight
+
+    def cost(self, tokens: int) -> float:
+        """Cost of a verify forward over ``tokens`` tokens (piecewise linear through the measured points)."""
+        pts = self.points
+        if len(pts) == 1:
+            return pts[0][1] * tokens / pts[0][0]
+        for (t0, c0), (t1, c1) in zip(pts, pts[1:]):
+            if tokens <= t1 or (t1, c1) == pts[-1]:
+                return max(c0 + (c1 - c0) * (tokens - t0) / (t1 - t0), 1e-12)
+        return pts[-1][1]
 
     def hazards(self, stats: RequestStats, match_size: int) -> list[float]:
         """Per position bin: the smoothed chance of a rejection there given every earlier draft accepted."""
@@ -141,7 +166,7 @@ class CostModel:
         batch = len(available)
         best, width = -1.0, 0
         for c in range(widest + 1):
-            value = sum(g[min(len(g) - 1, c)] for g in gains) / (self.fixed + self.per_token * batch * (c + 1))
+            value = sum(g[min(len(g) - 1, c)] for g in gains) / self.cost(batch * (c + 1))
             if value > best:
                 best, width = value, c
         return [min(a, width) for a in available]
