@@ -119,7 +119,7 @@ class CostModel:
     ``sum_b E_b(min(available_b, c)) / cost(B (c + 1))``; request b drafts min(available_b, c).
     """
 
-    def __init__(self, forward_cost, prior_hazard: float = 0.3, prior_weight: float = 1.0):
+    def __init__(self, forward_cost, prior_hazard: float = 0.5, prior_weight: float = 1.0):
         self.points = _cost_points(forward_cost)
         if not 0.0 < prior_hazard < 1.0:
             raise ops.SpecDecArgumentError(f"prior_hazard must be in (0, 1), got {prior_hazard!r}")
