@@ -17,6 +17,7 @@ to plain generate's.
 
     python bench/bench_e2e.py [--split all|tune|heldout] [--max-new-tokens 96] [--rounds 2] [--threads 1]
                               [--json out.json] [--plot out.png] [--variants] [--quick]
+    python bench/bench_e2e.py --replot out.json [--plot out.png]
 
 --threads defaults to 1 on CPU: on a small shared machine torch's intra-op threads mostly wait on each
 other; every method runs with the same setting. --plot needs matplotlib.
@@ -56,7 +57,15 @@ def main() -> None:
     parser.add_argument("--target", default=None, help="HF directory or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--variants", action="store_true", help="also run the configurations under study")
     parser.add_argument("--plot", default=None, help="save a PNG of the per-category speedups (needs matplotlib)")
+    parser.add_argument("--replot", default=None, metavar="JSON",
+                        help="only draw --plot from the results a previous --json run saved")
     args = parser.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            saved = json.load(f)
+        methods = list(dict.fromkeys(r["method"] for r in saved["rows"]))
+        plot(saved["summary"], methods, args.plot or os.path.splitext(args.replot)[0] + ".png")
+        return
     if args.device == "cpu":
         torch.set_num_threads(args.threads or 1)
     elif args.threads:
