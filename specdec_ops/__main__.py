@@ -12,11 +12,12 @@ import argparse
 import sys
 import time
 
-# An input-grounded task the 135M model does well (translating given code): the answer copies much of the
-# prompt (names, arguments, expressions), so prompt lookup has something to draft, and the output is correct.
+# An input-grounded task the 135M model gets right (translating given code; of ~15 rewriting, extraction and
+# code tasks tried, it copied most back unchanged): the answer reuses the prompt's names, arguments and
+# expressions, so prompt lookup has something to draft, and the translated functions are correct.
 DEFAULT_PROMPT = (
-    "Translate these two Python functions to JavaScript:\n\n```python\ndef area(width, height):\n"
-    "    return width * height\n\n\ndef is_square(width, height):\n    return width == height\n```")
+    "Translate this Python code to JavaScript:\n\n```python\ndef area(width, height):\n    return width * height\n"
+    "\n\ndef is_square(width, height):\n    return width == height\n\n\nprint(area(3, 4))\nprint(is_square(3, 4))\n```")
 
 
 def build_parser() -> argparse.ArgumentParser:
