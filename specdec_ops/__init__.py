@@ -44,10 +44,6 @@ __all__ = [
 
 def register_hf_attention() -> None:
     """Register the ``"specdec_tree"`` attention implementation with transformers (see hf_attention)."""
-    from .hf_attention import register
+    from .decoding.hf_attention import register
 
     register()
-
-
-if "transformers" in _sys.modules:  # already paid for: make attn_implementation="specdec_tree" work at once
-    register_hf_attention()

@@ -39,13 +39,13 @@ def test_help_lists_the_flags():
     out = subprocess.run([sys.executable, "-m", "specdec_ops", "generate", "--help"], capture_output=True,
                          text=True, env=env, timeout=120, check=True).stdout
     for flag in ("--prompt", "--target", "--draft", "--k", "--tree", "--temperature", "--top-k", "--top-p",
-                 "--seed", "--max-new-tokens", "--compare"):
+                 "--min-p", "--seed", "--max-new-tokens", "--logprobs", "--compare", "--tree-attention-backend"):
         assert flag in out
 
 
-@pytest.mark.parametrize("extra", [[], ["--tree", "6"], ["--draft", "SELF"], ["--ngram-lengths", "1,2,4"],
-                                   ["--ngram-lengths", "none", "--k", "5", "--ngram-resume", "0", "--ngram-edit", "0"]],
-                         ids=["ngram-chain", "ngram-tree", "model-drafter", "ngram-lengths", "ngram-fixed-k"])
+@pytest.mark.parametrize("extra", [[], ["--tree", "6"], ["--draft", "SELF"], ["--draft", "ngram", "--k", "5"],
+                                   ["--tree-attention-backend", "cpu", "--tree", "4"]],
+                         ids=["default-chain", "default-tree", "model-drafter", "classic-ngram", "tree-kernel"])
 def test_generate_on_tiny_model_dir_streams_and_matches_plain_generate(tiny_model_dir, capsys, extra):
     from specdec_ops.__main__ import main
 
@@ -79,10 +79,25 @@ def test_missing_target_path_is_a_clear_error(tmp_path):
         main(["generate", "--target", str(tmp_path / "nope"), "--prompt", "hi"])
 
 
-def test_ngram_lengths_flag():
-    from specdec_ops.__main__ import CPU_NGRAM_LENGTHS, ngram_lengths
+def test_cli_builds_its_decoder_from_default_setup(tiny_model_dir, monkeypatch):
+    """What the CLI runs by default is SpeculativeDecoder(model, **default_setup(model, tokenizer))."""
+    import specdec_ops.decoding as decoding
+    from specdec_ops.__main__ import build_parser, decoder_setup
+    from specdec_ops.decoding.models import load_model
 
-    assert ngram_lengths("auto", "cpu") == CPU_NGRAM_LENGTHS and ngram_lengths("auto", "cuda") is None
-    assert ngram_lengths("none", "cpu") is None and ngram_lengths("0,8,24", "cuda") == (0, 8, 24)
-    with pytest.raises(SystemExit, match="--ngram-lengths"):
-        ngram_lengths("0,x", "cpu")
+    model, tokenizer = load_model(tiny_model_dir, "cpu")
+    calls = []
+    real = decoding.default_setup
+    monkeypatch.setattr(decoding, "default_setup", lambda m, t: calls.append((m, t)) or real(m, t))
+    setup = decoder_setup(build_parser().parse_args(["generate"]), model, tokenizer, "cpu")
+    assert calls == [(model, tokenizer)]
+    assert set(setup) == {"drafter", "num_speculative_tokens", "tree"}
+    args = build_parser().parse_args(["generate", "--k", "7", "--tree", "5"])
+    assert {k: v for k, v in decoder_setup(args, model, tokenizer, "cpu").items() if k != "drafter"} == \
+        {"num_speculative_tokens": 7, "tree": 5}
+
+
+def test_default_prompt_is_an_input_grounded_task():
+    from specdec_ops.__main__ import DEFAULT_PROMPT
+
+    assert "spelling" not in DEFAULT_PROMPT.lower() and "\n\n" in DEFAULT_PROMPT   # an instruction, then its text

@@ -7,7 +7,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import specdec_ops  # noqa: E402
-from specdec_ops import hf_attention  # noqa: E402
+from specdec_ops.decoding import hf_attention  # noqa: E402
 
 # transformers >= 5.24 renames past_key_values to cache; 5.17 (the GPU machine) only knows past_key_values.
 pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")

@@ -1,77 +1,234 @@
-"""Logits processing shared by target and drafter, per-request seeds, draft sampling noise."""
+"""Per-request sampling parameters, the processed distribution (DESIGN.md §5.7), seeds and draft sampling.
+
+``process_probs`` is the one place target and drafter logits become probabilities, so both sides of the
+verification see the same transformed distributions. It follows §5.7 step by step and has the signature of
+``specdec_ops.process_logits`` (parameters index dim 0), which can replace it. Random numbers: request b's
+verifier seed comes from ``seed`` and b; a drafter draws from its own stream (``stream_seeds``), never from the
+verifier's, since draft tokens correlated with the verifier's uniforms would bias the output.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from .. import reference
+import specdec_ops as ops
 
-PURPOSE_DRAFT = 3  # Philox purpose of the drafter's own sampling (0-2 belong to verification, csrc/common/philox.h)
+_U64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1.0 switch those filters off."""
+    """Per-request parameters, device tensors indexed by the batch row (DESIGN.md §5.7).
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: float32 [B] (0 = greedy), top_k: int64 [B] (0 = off), top_p: float32 [B] (1 = off),
+    min_p: float32 [B] (0 = off), greedy: bool [B]. The host flags say which steps any row needs, so a
+    batch without top-k / top-p skips the sort.
+    """
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    greedy: torch.Tensor
+    all_greedy: bool
+    any_greedy: bool
+    uses_top_k: bool
+    uses_top_p: bool
+    uses_min_p: bool
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """float32 probabilities after temperature, top-k, top-p (in that order, as transformers applies them).
+    @classmethod
+    def build(cls, batch: int, device, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0) -> SamplingParams:
+        """Validated parameters for ``batch`` requests; each argument is one value or a list of ``batch``."""
+        temperature = _per_request("temperature", temperature, batch, float)
+        top_k = _per_request("top_k", top_k, batch, int)
+        top_p = _per_request("top_p", top_p, batch, float)
+        min_p = _per_request("min_p", min_p, batch, float)
+        for b, t in enumerate(temperature):
+            if not (t >= 0.0 and math.isfinite(t)):
+                raise ops.SpecDecArgumentError(f"temperature{_at(b, batch)} must be a finite number >= 0 "
+                                               f"(0 = greedy), got {t!r}")
+        for b, k in enumerate(top_k):
+            if k < 0:
+                raise ops.SpecDecArgumentError(f"top_k{_at(b, batch)} must be an int >= 0 (0 = off), got {k!r}")
+        for b, p in enumerate(top_p):
+            if not 0.0 < p <= 1.0:
+                raise ops.SpecDecArgumentError(f"top_p{_at(b, batch)} must be in (0, 1] (1 = off), got {p!r}")
+        for b, p in enumerate(min_p):
+            if not 0.0 <= p < 1.0:
+                raise ops.SpecDecArgumentError(f"min_p{_at(b, batch)} must be in [0, 1) (0 = off), got {p!r}")
+        greedy = [t == 0.0 for t in temperature]
+        sampled = [not g for g in greedy]
+        return cls(temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
+                   top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+                   top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+                   min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
+                   greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+                   all_greedy=all(greedy), any_greedy=any(greedy),
+                   uses_top_k=any(s and k > 0 for s, k in zip(sampled, top_k)),
+                   uses_top_p=any(s and p < 1.0 for s, p in zip(sampled, top_p)),
+                   uses_min_p=any(s and p > 0.0 for s, p in zip(sampled, min_p)))
 
-        The same function processes target and drafter logits, so both sides of
-        the verification see the same transformed distributions.
-        """
-        logits = logits.float()
-        if self.greedy:
-            return torch.softmax(logits, dim=-1)
-        logits = logits / self.temperature
-        if self.top_k > 0 and self.top_k < logits.shape[-1]:
-            kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if self.top_p < 1.0:
-            sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
-            cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-            remove_sorted = cum <= 1.0 - self.top_p
-            remove_sorted[..., -1] = False  # keep at least the most likely token
-            remove = remove_sorted.scatter(-1, order, remove_sorted)
-            logits = logits.masked_fill(remove, float("-inf"))
-        return torch.softmax(logits, dim=-1)
+    def select(self, rows: torch.Tensor) -> SamplingParams:
+        """The parameters of the requests at ``rows`` (int64 [B'], on the parameters' device)."""
+        return SamplingParams(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.min_p[rows],
+                              self.greedy[rows], self.all_greedy, self.any_greedy, self.uses_top_k,
+                              self.uses_top_p, self.uses_min_p)
 
 
-def request_seeds(seed: int, batch: int) -> torch.Tensor:
-    """int64 [B]: one seed per request derived from `seed` (splitmix64, kept below 2**63)."""
+def _per_request(name: str, value, batch: int, kind) -> list:
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * batch
+    if len(values) != batch:
+        raise ops.SpecDecArgumentError(f"{name} must be one value or a list of one value per prompt ({batch}), "
+                                       f"got a list of {len(values)}")
+    per_request = isinstance(value, (list, tuple))
+    for b, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+            what = "an int" if kind is int else "a number"
+            raise ops.SpecDecArgumentError(f"{name}{_at(b, 2 if per_request else 1)} must be {what}, got {v!r}")
+    return [kind(v) for v in values]
+
+
+def _at(b: int, batch: int) -> str:
+    return f"[{b}]" if batch > 1 else ""
+
+
+def process_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """float32 probabilities ``[R, ..., V]`` of logits ``[R, ..., V]`` for request r = row r (DESIGN.md §5.7).
+
+    Sampled rows, in this order, renormalizing after each step: (1) p = softmax(l / T), NaN logits as -inf;
+    (2) top-k: keep p_i >= the k-th largest value (ties at the boundary kept); (3) top-p: keep p_i >= t, t the
+    largest value whose kept mass is >= top_p (ties kept); (4) min-p: keep p_i >= min_p * max(p). Greedy rows
+    (T = 0): one-hot at the argmax of the raw logits (first index on ties), which greedy verification takes.
+    A row with no finite logit has no mass (all zeros).
+    """
+    logits = logits.float()
+    logits = logits.masked_fill(torch.isnan(logits), float("-inf"))
+    view = (-1,) + (1,) * (logits.dim() - 1)
+    greedy = params.greedy.view(view)
+    if params.all_greedy:
+        return _one_hot_argmax(logits)
+    temperature = torch.where(params.greedy, 1.0, params.temperature).view(view)
+    p = torch.softmax(logits / temperature, dim=-1).nan_to_num(nan=0.0)      # all -inf: no mass
+    if params.uses_top_k or params.uses_top_p:
+        ordered = torch.sort(p, dim=-1, descending=True).values
+        vocab = p.shape[-1]
+        if params.uses_top_k:
+            k = params.top_k.view(view)
+            on = (k > 0) & (k < vocab) & ~greedy
+            kth = ordered.gather(-1, (k.clamp(1, vocab) - 1).expand(*p.shape[:-1], 1))
+            kth = torch.where(on, kth, 0.0)
+            # one normalizer for both: equal entries of p and ordered stay bitwise equal
+            p, total = _renormalize(p, p >= kth, return_total=True)
+            ordered = _renormalize(ordered, ordered >= kth, total=total)
+        if params.uses_top_p:
+            top_p = params.top_p.view(view)
+            # the smallest j with cumsum(ordered)[j] >= top_p; its value t keeps mass >= top_p (ties add more),
+            # while every larger value keeps at most cumsum[j - 1] < top_p
+            j = (ordered.cumsum(-1) < top_p).sum(-1, keepdim=True).clamp(max=vocab - 1)
+            t = torch.where((top_p < 1.0) & ~greedy, ordered.gather(-1, j), 0.0)
+            p = _renormalize(p, p >= t)
+    if params.uses_min_p:
+        min_p = torch.where(params.greedy, 0.0, params.min_p).view(view)
+        p = _renormalize(p, p >= min_p * p.amax(-1, keepdim=True))
+    if params.any_greedy:
+        p = torch.where(greedy, _one_hot_argmax(logits), p)
+    return p
+
+
+def _renormalize(p: torch.Tensor, keep: torch.Tensor, total: torch.Tensor | None = None, return_total=False):
+    """p where ``keep``, else 0, divided by its sum (or by ``total``); rows without mass stay 0."""
+    kept = torch.where(keep, p, 0.0)
+    if total is None:
+        total = kept.sum(-1, keepdim=True)
+    out = torch.where(total > 0, kept / total.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
+    return (out, total) if return_total else out
+
+
+def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """float32 one-hot at the first argmax; a row of -inf only (no finite logit) has no mass."""
+    top = logits.argmax(-1, keepdim=True)
+    out = torch.zeros_like(logits).scatter_(-1, top, 1.0)
+    return torch.where(torch.isfinite(logits.amax(-1, keepdim=True)), out, 0.0)
+
+
+def token_logprobs(logits: torch.Tensor, probs: torch.Tensor, params: SamplingParams, rows: torch.Tensor,
+                   tokens: torch.Tensor) -> torch.Tensor:
+    """float32 ``[B, M]``: log-probability of ``tokens[b, i]`` under the distribution of row ``rows[b, i]``
+    (``logits``/``probs`` ``[B, N, V]``): the processed one for sampled requests, log_softmax of the raw
+    logits for greedy ones (§5.7). Entries with ``tokens < 0`` are NaN."""
+    valid = tokens >= 0
+    index = (rows.clamp(min=0).long(), tokens.clamp(min=0).long())
+    batch = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
+    raw = logits.float()
+    raw = raw.masked_fill(torch.isnan(raw), float("-inf"))
+    greedy_lp = torch.log_softmax(raw[batch, index[0]], dim=-1).gather(-1, index[1][..., None])[..., 0]
+    sampled_lp = torch.log(probs[batch, index[0], index[1]])
+    out = torch.where(params.greedy[:, None], greedy_lp, sampled_lp)
+    return out.masked_fill(~valid, float("nan"))
+
+
+# ------------------------------------------------------------------------------------------------ random numbers
+
+DRAFT_STREAM = 0x5DEECE66D  # the drafters' stream: stream_seeds(verifier seeds, DRAFT_STREAM)
+DRAFT_POSITIONS = 256       # drafter offsets: verifier offset * 256 + draft position (tree depth or chain index)
+
+
+def request_seeds(seed: int, batch: int, device) -> torch.Tensor:
+    """int64 [B] on ``device``: request b's verifier seed, splitmix64 of (seed, b), kept below 2**63."""
     out = []
     for b in range(batch):
-        z = (int(seed) * 0x9E3779B97F4A7C15 + (b + 1) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+        z = (int(seed) * 0x9E3779B97F4A7C15 + (b + 1) * 0xBF58476D1CE4E5B9) & _U64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
         out.append((z ^ (z >> 31)) >> 1)
-    return torch.tensor(out, dtype=torch.int64)
+    return torch.tensor(out, dtype=torch.int64, device=device)
 
 
-def sample_rows(probs: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, position: int) -> torch.Tensor:
-    """int64 [B]: one token per row of ``probs [B, V]`` by an exponential race on Philox noise.
+def stream_seeds(seeds: torch.Tensor, stream: int) -> torch.Tensor:
+    """int64 [B] on the seeds' device: an independent seed per request for another consumer of random numbers
+    (a drafter), a splitmix64 finalizer of ``seeds ^ stream`` computed in 32-bit halves (no host copy)."""
+    lo, hi = seeds & 0xFFFFFFFF, (seeds >> 32) & 0xFFFFFFFF
+    lo, hi = lo ^ (stream & 0xFFFFFFFF), hi ^ ((stream >> 32) & 0xFFFFFFFF)
+    for mul_lo, mul_hi, shift in ((0x1CE4E5B9, 0xBF58476D, 30), (0x133111EB, 0x94D049BB, 27)):
+        lo, hi = _xorshift(lo, hi, shift)
+        lo, hi = _mul64(lo, hi, mul_lo, mul_hi)
+    lo, hi = _xorshift(lo, hi, 31)
+    return ((hi & 0x7FFFFFFF) << 32) | lo
 
-    Reproducible per request: a function of (seeds[b], offsets[b], position) only.
-    """
-    vocab = probs.shape[-1]
-    idx = torch.arange(vocab, dtype=torch.int64)[None, :]
-    seeds = seeds.cpu()[:, None]
-    offsets = offsets.cpu()[:, None]
-    mask = 0xFFFFFFFF
-    words = reference.philox4x32_10(idx >> 2, position & mask, offsets & mask,
-                                    (((offsets >> 32) << 8) | PURPOSE_DRAFT) & mask, seeds & mask, seeds >> 32)
-    stacked = torch.stack(torch.broadcast_tensors(*words), dim=-1)
-    bits = torch.gather(stacked, -1, (idx & 3).expand(stacked.shape[:-1]).unsqueeze(-1)).squeeze(-1)
-    noise = -torch.log(reference.bits_to_uniform(bits)).to(probs.device)
-    mass = reference.prob_mass(probs)
-    score = torch.where(mass > 0, mass / noise, torch.zeros((), device=probs.device))
-    return score.argmax(dim=-1)
+
+def _xorshift(lo, hi, shift):
+    """(lo, hi) of z ^ (z >> shift) for 0 < shift < 32, halves in int64 tensors holding 32-bit values."""
+    return lo ^ (((lo >> shift) | (hi << (32 - shift))) & 0xFFFFFFFF), hi ^ (hi >> shift)
+
+
+def _mul64(lo, hi, c_lo: int, c_hi: int):
+    """(lo, hi) of z * c mod 2**64 from 16-bit partial products (no int64 overflow)."""
+    a0, a1 = lo & 0xFFFF, lo >> 16
+    b0, b1 = c_lo & 0xFFFF, c_lo >> 16
+    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
+    mid = (p00 >> 16) + (p01 & 0xFFFF) + (p10 & 0xFFFF)
+    new_lo = (p00 & 0xFFFF) | ((mid & 0xFFFF) << 16)
+    carry = p11 + (p01 >> 16) + (p10 >> 16) + (mid >> 16)            # the high 32 bits of lo * c_lo
+    cross = ((lo & 0xFFFF) * c_hi + (((lo >> 16) * c_hi) & 0xFFFF) * 65536) & 0xFFFFFFFF
+    cross = (cross + ((hi & 0xFFFF) * c_lo + (((hi >> 16) * c_lo) & 0xFFFF) * 65536)) & 0xFFFFFFFF
+    return new_lo, (carry + cross) & 0xFFFFFFFF
+
+
+def draft_offsets(offsets: torch.Tensor, position: int) -> torch.Tensor:
+    """int64 [B]: the drafter's Philox offsets at draft ``position`` of the step whose verifier offsets are
+    ``offsets``: every (step, position) pair gets its own numbers."""
+    if not 0 <= position < DRAFT_POSITIONS:
+        raise ValueError(f"draft position {position} outside [0, {DRAFT_POSITIONS})")
+    return offsets * DRAFT_POSITIONS + position
+
+
+def sample_tokens(probs: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: one token per row of ``probs [B, V]`` with the package's sampler (the exponential race of
+    ``rejection_sample`` with no drafts: its bonus draw), on the device, a function of (seeds[b], offsets[b])."""
+    batch = probs.shape[0]
+    none = torch.zeros(batch, 0, dtype=torch.int64, device=probs.device)
+    counts = torch.zeros(batch, dtype=torch.int64, device=probs.device)
+    return ops.rejection_sample(probs[:, None, :], none, counts, seeds=seeds, offsets=offsets).token_ids[:, 0]

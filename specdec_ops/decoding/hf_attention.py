@@ -1,4 +1,4 @@
-"""Hugging Face integration: the ``"specdec_tree"`` attention implementation.
+"""Hugging Face integration: the ``"specdec_tree"`` attention implementation (registered explicitly).
 
 :func:`register` adds :func:`specdec_tree_attention` to transformers'
 ``AttentionInterface`` (and an SDPA-style mask function to ``AttentionMaskInterface``)
@@ -7,7 +7,7 @@ with ``attn_implementation="specdec_tree"`` then behaves like ``"sdpa"`` for ord
 forwards (prefill, decode), and verifies a draft tree when the forward gets the tree
 as keyword arguments::
 
-    specdec_ops.hf_attention.register()
+    specdec_ops.register_hf_attention()               # or specdec_ops.decoding.hf_attention.register()
     model.set_attn_implementation("specdec_tree")   # or from_pretrained(..., attn_implementation=...)
     info = specdec_ops.build_tree(parents, num_nodes)
     out = model(tree_input_ids,                       # [B, N]: node tokens (node 0 = last committed token)
@@ -48,7 +48,7 @@ def specdec_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     if tree_mask is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    from .attention import tree_attention, tree_attention_bias
+    from specdec_ops import tree_attention, tree_attention_bias
 
     if prefix_lens is None:
         raise ValueError("specdec_tree attention: tree_mask needs prefix_lens (int [B]) too")
@@ -69,9 +69,3 @@ def register() -> None:
 
     AttentionInterface.register(NAME, specdec_tree_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
-
-
-try:  # importing this module registers the implementation when transformers is installed
-    register()
-except ImportError:  # pragma: no cover - transformers is optional
-    pass

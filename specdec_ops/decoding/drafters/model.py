@@ -1,0 +1,155 @@
+"""ModelDrafter: drafting with a smaller Hugging Face model of the same vocabulary."""
+
+from __future__ import annotations
+
+import torch
+
+import specdec_ops as ops
+from ..forward import RaggedKVCache, chain_tree, forward, model_device, model_dtype, vocab_size
+from ..sampling import DRAFT_STREAM, draft_offsets, process_probs, sample_tokens, stream_seeds
+from ..types import Draft, chain_draft
+
+
+class ModelDrafter:
+    """Drafts with a smaller HF causal LM sharing the target's vocabulary, with its own ragged KV cache.
+
+    Chain: k autoregressive drafter steps, each token drawn from the drafter's processed distribution q
+    (same sampling parameters as the target; argmax for greedy requests) with the package's sampler on
+    the device, from the drafter's own random stream (independent of the verifier's); q goes to
+    verification. Tree (EAGLE-2 style): expand the ``branch`` best frontier nodes by their ``branch`` most
+    likely children for up to k levels, rank every node by cumulative log q and keep the best ``tree``
+    (an ancestor-closed set); children are distinct and deterministic, so verification needs no q.
+
+    The drafter's cache holds the committed tokens it has forwarded (``cache.seq_lens``, written once per
+    step in ``commit``); each step first forwards the committed tokens it has not seen (the catch-up),
+    then drafts in windows placed after them.
+    """
+
+    def __init__(self, model, branch: int = 4):
+        if isinstance(branch, bool) or not isinstance(branch, int) or branch < 1:
+            raise ops.SpecDecArgumentError(f"branch must be an int >= 1, got {branch!r}")
+        self.model = model
+        self.vocab_size = vocab_size(model)
+        self.branch = branch
+        self.cache: RaggedKVCache | None = None
+
+    # ---------------------------------------------------------------------------------------- protocol
+
+    def reset(self, batch, capacity, vocab_size):
+        self.cache = RaggedKVCache(self.model, len(batch), capacity + 2, model_device(self.model),
+                                   model_dtype(self.model))
+        self.seeds = stream_seeds(batch.seeds, DRAFT_STREAM).to(model_device(self.model))
+        self._last = None   # what the last proposal left in the drafter's cache, for commit
+
+    def keep(self, rows):
+        self.cache.keep(rows)
+        self.seeds = self.seeds.index_select(0, rows)
+
+    def commit(self, accepted_path, num_accepted):
+        kind, lengths, info = self._last
+        if kind == "chain":
+            # the drafter forwarded the root and d1 .. d_forwarded in place: the accepted ones stay
+            kept = torch.minimum(num_accepted.long(), info)
+            self.cache.seq_lens.copy_(lengths + kept)
+            return
+        # tree: the accepted path's nodes as offsets of the drafter's last tree window (root at slot length - 1),
+        # while they were forwarded (leaves never are); kv_commit moves them into place
+        nodes, window_offset = info
+        path = accepted_path.long()
+        offset = torch.gather(window_offset, 1, torch.gather(nodes, 1, path.clamp(min=0)))
+        forwarded = ((path >= 0) & (offset >= 0)).long().cumprod(1).bool()
+        self.cache.seq_lens.copy_(lengths - 1)
+        ops.kv_commit(self.cache.commit_views(), self.cache.seq_lens, torch.where(forwarded, offset, -1))
+
+    def propose(self, batch, k, tree, sampling) -> Draft:
+        logits = self._catch_up(batch)                          # q after the root, [B, V]
+        lengths = batch.lengths
+        caps = [max(min(r - 1, k), 0) for r in batch.remaining()]
+        if tree is not None:
+            return self._propose_tree(batch, logits, max(1, max(caps)), tree, sampling)
+        depth = max(caps)
+        tokens, probs = [], []
+        for j in range(depth):
+            q = process_probs(logits, sampling)
+            tok = q.argmax(-1) if sampling.all_greedy else sample_tokens(q, self.seeds,
+                                                                        draft_offsets(batch.offsets, j))
+            tokens.append(tok)
+            probs.append(q)
+            if j + 1 < depth:                                   # d_{j+1} at slot length + j
+                mask, pos = chain_tree(1, len(batch), tok.device)
+                logits = forward(self.model, self.cache, tok[:, None], lengths + j, pos, mask)[:, 0]
+        self._last = ("chain", lengths, torch.full_like(lengths, max(depth - 1, 0)))
+        roots = batch.tokens.gather(1, (lengths - 1)[:, None])
+        draft_tokens = torch.cat([roots] + [t[:, None] for t in tokens], dim=1)
+        num_nodes = torch.tensor([c + 1 for c in caps], dtype=torch.int64, device=draft_tokens.device)
+        draft_probs = None
+        if not sampling.all_greedy and probs:
+            draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], dim=1)
+        return chain_draft(draft_tokens, num_nodes, draft_probs)
+
+    # ---------------------------------------------------------------------------------------- helpers
+
+    def _catch_up(self, batch) -> torch.Tensor:
+        """Forward tokens[seq_lens:length] of every request (ragged; the root included): logits [B, V] after
+        the root. The cache's seq_lens stay until commit."""
+        valid = self.cache.seq_lens.long()
+        pending = batch.lengths - valid
+        width = int(pending.max())
+        steps = torch.arange(width, device=pending.device)
+        cols = (valid[:, None] + steps).clamp(max=batch.tokens.shape[1] - 1)
+        ids = torch.gather(batch.tokens, 1, cols).masked_fill(steps[None] >= pending[:, None], 0)
+        mask, depth = chain_tree(width, len(batch), ids.device)
+        return forward(self.model, self.cache, ids, valid, depth, mask, logits_at=pending - 1)
+
+    def _propose_tree(self, batch, root_logits, max_depth, budget, sampling) -> Draft:
+        bsz, dev, branch = len(batch), root_logits.device, self.branch
+        start = batch.lengths - 1                                    # the window's root slot
+        roots = batch.tokens.gather(1, start[:, None])
+        # node table (node 0 = root): token, parent, cumulative log q, depth
+        tok, par = roots, torch.full((bsz, 1), -1, dtype=torch.int64, device=dev)
+        score, dep = torch.zeros(bsz, 1, device=dev), torch.zeros(bsz, 1, dtype=torch.int64, device=dev)
+        window = torch.zeros(bsz, 1, dtype=torch.int64, device=dev)    # nodes the drafter has forwarded
+        frontier = torch.zeros(bsz, 1, dtype=torch.int64, device=dev)
+        q = process_probs(root_logits, sampling)[:, None]              # [B, F, V]: q at each frontier node
+        for d in range(1, max_depth + 1):
+            top = torch.topk(torch.log(q), min(branch, q.shape[-1]), dim=-1)    # [B, F, branch]
+            child_score = (torch.gather(score, 1, frontier)[:, :, None] + top.values).flatten(1)
+            child_par = frontier[:, :, None].expand_as(top.indices).flatten(1)
+            first = tok.shape[1]
+            tok = torch.cat([tok, top.indices.flatten(1)], 1)
+            par = torch.cat([par, child_par], 1)
+            score = torch.cat([score, child_score], 1)
+            dep = torch.cat([dep, torch.full_like(child_par, d)], 1)
+            if d == max_depth:
+                break
+            best = torch.topk(child_score, min(branch, child_score.shape[1]), dim=-1).indices
+            frontier = first + best                                    # expand the best new nodes next
+            window = torch.cat([window, frontier], 1)
+            logits = self._forward_nodes(window, tok, par, dep, start)    # [B, W, V]
+            q = process_probs(logits[:, -frontier.shape[1]:], sampling)
+        # keep the `budget` best nodes (ties: earlier first), in creation order so parents come first
+        n_total = tok.shape[1]
+        order = torch.sort(score[:, 1:], dim=-1, descending=True, stable=True).indices
+        keep = order[:, :min(budget, n_total - 1)].sort(-1).values + 1
+        keep = torch.cat([torch.zeros(bsz, 1, dtype=torch.int64, device=dev), keep], 1)
+        remap = torch.full((bsz, n_total), -1, dtype=torch.int64, device=dev)
+        remap.scatter_(1, keep, torch.arange(keep.shape[1], device=dev).expand(bsz, -1).contiguous())
+        new_par = torch.gather(par, 1, keep)
+        new_par = torch.where(new_par >= 0, torch.gather(remap, 1, new_par.clamp(min=0)), new_par)
+        num_nodes = torch.full((bsz,), keep.shape[1], dtype=torch.int64, device=dev)
+        window_offset = torch.full((bsz, n_total), -1, dtype=torch.int64, device=dev).scatter_(
+            1, window, torch.arange(window.shape[1], device=dev).expand(bsz, -1).contiguous())
+        self._last = ("tree", batch.lengths, (keep, window_offset))
+        return Draft(torch.gather(tok, 1, keep), new_par, num_nodes, None, chain=False)
+
+    def _forward_nodes(self, window, tok, par, dep, start):
+        """Forward the forwarded-node set ``window`` [B, W] (root first, ancestor-closed) as a tree window at
+        slot ``start`` (the root's slot: its entry is rewritten identically)."""
+        bsz = window.shape[0]
+        remap = torch.full_like(tok, -1)
+        remap.scatter_(1, window, torch.arange(window.shape[1], device=tok.device).expand(bsz, -1).contiguous())
+        wpar = torch.gather(par, 1, window)
+        wpar = torch.where(wpar >= 0, torch.gather(remap, 1, wpar.clamp(min=0)), wpar)
+        mask, _ = ops.build_tree(wpar)
+        return forward(self.model, self.cache, torch.gather(tok, 1, window), start, torch.gather(dep, 1, window),
+                       mask)

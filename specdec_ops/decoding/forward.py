@@ -1,0 +1,177 @@
+"""The model forward of the decode loop and the drafters: a window of tree nodes over a ragged KV cache.
+
+One preallocated ``[B, H, S, D]`` K and V buffer per layer (``RaggedKVCache``); request b has
+``seq_lens[b]`` committed entries. ``forward`` runs a model over a window of Q tokens per request whose
+K/V go to slots ``start[b] .. start[b] + Q - 1`` (``start`` is usually ``seq_lens``; a drafter may place a
+window elsewhere without touching ``seq_lens``), at positions ``start + depth``, attending through the
+additive mask of ``tree_attention_bias``. The window is a per-call view (``KVWindow``) handed to the model
+as its cache: the cache object itself holds no per-forward state. After verification ``kv_commit`` moves
+the accepted entries into place and advances ``seq_lens``.
+
+The view duck-types the part of ``transformers.Cache`` attention layers use (``update``), which works
+with transformers 5.x Llama-style models.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+import specdec_ops as ops
+
+TREE_ATTENTION = "specdec_tree"  # the attention implementation of decoding/hf_attention.py
+
+
+class RaggedKVCache:
+    """Per-layer K/V buffers ``[B, H, S, D]`` plus ``seq_lens`` (int32 [B], committed entries)."""
+
+    def __init__(self, model, batch: int, capacity: int, device, dtype):
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        shape = (batch, heads, capacity, head_dim)
+        # zeros, not empty: masked keys still enter the softmax-weighted sum as 0 * value
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.seq_lens = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.capacity = capacity
+
+    def commit_views(self) -> list[torch.Tensor]:
+        """Every layer's K and V as ``[B, S, H, D]`` views, the layout kv_commit takes."""
+        return [t.transpose(1, 2) for t in (*self.keys, *self.values)]
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only the requests in `rows` (finished requests stop costing work)."""
+        self.keys = [t.index_select(0, rows) for t in self.keys]
+        self.values = [t.index_select(0, rows) for t in self.values]
+        self.seq_lens = self.seq_lens.index_select(0, rows)
+
+
+class KVWindow:
+    """One forward's view of a RaggedKVCache: writes the window's K/V at ``slots [B, Q]`` and returns the
+    first ``kv_len`` slots of every layer."""
+
+    is_compileable = False
+
+    def __init__(self, cache: RaggedKVCache, slots: torch.Tensor, kv_len: int):
+        self.cache, self.slots, self.kv_len = cache, slots, kv_len
+        self.rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        k, v = self.cache.keys[layer_idx], self.cache.values[layer_idx]
+        k[self.rows, :, self.slots] = key_states.transpose(1, 2).to(k.dtype)
+        v[self.rows, :, self.slots] = value_states.transpose(1, 2).to(v.dtype)
+        return k[:, :, :self.kv_len], v[:, :, :self.kv_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.kv_len - self.slots.shape[1]
+
+    def __len__(self):
+        return len(self.cache.keys)
+
+
+def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tensor, depth: torch.Tensor,
+            mask: torch.Tensor, logits_at: torch.Tensor | None = None,
+            tree_attention_backend: str | None = None) -> torch.Tensor:
+    """One forward of ``model`` over a window of tree nodes.
+
+    Parameters
+    ----------
+    tokens : int64 [B, Q]: node tokens (padding anywhere its mask row hides it from real nodes)
+    start : int [B]: slot of window entry 0; entry i goes to slot ``start[b] + i``, keys below ``start[b]``
+        are the committed prefix every node sees
+    depth, mask : from ``build_tree`` (or ``chain_tree``): positions are ``start + depth``
+    logits_at : int64 [B] or None: keep only window offset ``logits_at[b]`` per request
+    tree_attention_backend : with a model switched to the ``"specdec_tree"`` attention, the backend its
+        layers pass to ``tree_attention`` (None: the kernel on CUDA, SDPA over the bias elsewhere)
+
+    Returns
+    -------
+    float32 logits ``[B, Q, V]``, or ``[B, V]`` with ``logits_at``.
+    """
+    batch, width = tokens.shape
+    start = start.long()
+    slots = start[:, None] + torch.arange(width, device=tokens.device)
+    kv_len = (int(start.max()) if batch else 0) + width
+    if kv_len > cache.capacity:
+        raise RuntimeError(f"KV cache overflow: need {kv_len} slots, capacity {cache.capacity}")
+    dtype = next(model.parameters()).dtype
+    kwargs = {_cache_kwarg(type(model)): KVWindow(cache, slots, kv_len)}
+    if getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION:
+        kwargs.update(tree_mask=mask.contiguous(), prefix_lens=start)
+        if tree_attention_backend is not None:
+            kwargs["tree_attention_backend"] = tree_attention_backend
+    # logits_to_keep keeps the same positions for every request: keep all B of them (fixed shape, no host
+    # sync) and take request b's own row b -- unless B x B rows cost more than projecting every position
+    kept = (logits_at is not None and _accepts_logits_to_keep(type(model))
+            and batch * batch * vocab_size(model) <= _KEEP_LIMIT)
+    if kept:
+        kwargs["logits_to_keep"] = logits_at
+    bias = ops.tree_attention_bias(mask, start, kv_len, dtype=dtype)
+    out = model(input_ids=tokens, position_ids=start[:, None] + depth.long(), attention_mask=bias, use_cache=True,
+                **kwargs)
+    logits = out.logits
+    if logits_at is None:
+        return logits.float()
+    rows = torch.arange(batch, device=logits.device)
+    return logits[rows, rows if kept else logits_at].float()
+
+
+# Above this many logit elements (B x B rows of V) keeping B positions for every request through
+# ``logits_to_keep`` costs more than projecting every position.
+_KEEP_LIMIT = 1 << 26
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(model_type) -> str:
+    """The keyword a model's forward takes its cache under (``cache`` in transformers >= 5.2x, else past_key_values)."""
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts_logits_to_keep(model_type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
+
+
+def cache_kwarg(model) -> str:
+    """The keyword ``model``'s forward takes its cache under."""
+    return _cache_kwarg(type(model))
+
+
+@functools.lru_cache(maxsize=64)
+def _chain(width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    info = ops.build_tree((torch.arange(width, device=device) - 1)[None])
+    return info.mask, info.depth
+
+
+def chain_tree(width: int, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask, depth) of ``build_tree`` for a chain of ``width`` nodes, expanded over ``batch`` requests."""
+    mask, depth = _chain(width, torch.device(device))
+    return mask.expand(batch, *mask.shape[1:]), depth.expand(batch, -1)
+
+
+def tree_of(parents: torch.Tensor, num_nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask, depth) for a draft tree: padding nodes (>= num_nodes) hang off the root, so every query row
+    sees at least itself."""
+    pad = torch.arange(parents.shape[1], device=parents.device) >= num_nodes[:, None]
+    pad[:, 0] = False
+    info = ops.build_tree(parents.masked_fill(pad, 0))
+    return info.mask, info.depth
+
+
+def vocab_size(model) -> int:
+    """Rows of the model's output projection (its config's vocab_size when it has none)."""
+    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return int(emb.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def model_dtype(model) -> torch.dtype:
+    return next(model.parameters()).dtype

@@ -1,0 +1,64 @@
+"""The configuration the CLI, the demo and the benchmarks use, in one place: ``default_setup``."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .drafters import CopyCursor, CostModel, NGramDrafter
+from .forward import RaggedKVCache, chain_tree, forward, model_device, model_dtype
+
+DEFAULT_K = 32          # the longest draft; the cost model drafts less whenever that is worth more
+COPY_WINDOW = 8         # CopyCursor: a match resuming the copied text within 8 tokens goes first
+
+
+def default_setup(target_model, tokenizer=None) -> dict:
+    """The ``SpeculativeDecoder`` keyword arguments the CLI uses for ``target_model`` on its device.
+
+    Prompt lookup over the request's tokens (``NGramDrafter(n=3)``), the copied text followed through
+    small edits (:class:`CopyCursor`), and each draft as long as the :class:`CostModel` finds worth its
+    verify cost, from the acceptance observed so far and this target's forward cost measured here on its
+    device (:func:`measure_forward_cost`); chain drafts of at most 32 tokens. ``tokenizer`` is accepted
+    for presets that need it (the n-gram drafter works on token ids and does not).
+
+    Use: ``SpeculativeDecoder(model, **default_setup(model, tokenizer))``.
+    """
+    cost = measure_forward_cost(target_model)
+    drafter = NGramDrafter(n=3, length=CostModel(cost, prior_hazard=0.5), rerank=[CopyCursor(COPY_WINDOW)])
+    return {"drafter": drafter, "num_speculative_tokens": DEFAULT_K, "tree": None}
+
+
+COST_WIDTHS = (1, 2, 3, 4, 8, 16, 32)   # verify widths timed by measure_forward_cost
+
+
+@torch.inference_mode()
+def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: int = 1) -> dict[int, float]:
+    """{tokens: seconds} of a verify forward of ``model`` on its device over windows of ``widths`` tokens
+    after a ``prefix``-token prefill (the loop's own forward and cache): the fastest of ``repeat`` runs
+    after a warm-up run each."""
+    device, dtype = model_device(model), model_dtype(model)
+    vocab = int(model.config.vocab_size)
+    cache = RaggedKVCache(model, 1, prefix + max(widths) + 1, device, dtype)
+    tokens = torch.arange(prefix, device=device)[None] % vocab
+    mask, depth = chain_tree(prefix, 1, device)
+    forward(model, cache, tokens, cache.seq_lens, depth, mask, logits_at=torch.tensor([prefix - 1], device=device))
+    cache.seq_lens.fill_(prefix)
+    out = {}
+    for width in widths:
+        ids = torch.arange(width, device=device)[None] % vocab
+        mask, depth = chain_tree(width, 1, device)
+        best = float("inf")
+        for _ in range(repeat + 1):                      # the first run warms up
+            _synchronize(device)
+            start = time.perf_counter()
+            forward(model, cache, ids, cache.seq_lens, depth, mask)
+            _synchronize(device)
+            best = min(best, time.perf_counter() - start)
+        out[width] = best
+    return out
+
+
+def _synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

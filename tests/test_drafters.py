@@ -1,0 +1,215 @@
+"""The n-gram drafter's parts: the matcher (longest match, then the earliest: the tie rule), the length
+policies (fixed, by match size, the cost model), the copy-cursor re-ranker, and NGramDrafter composing
+them (chain and trie drafts, per-request state). Pure host-side logic: no model needed."""
+
+import pytest
+import torch
+
+from specdec_ops.decoding import (ByMatchLength, CopyCursor, CostModel, FixedLength, Match, NGramDrafter,
+                                  find_matches)
+from specdec_ops.decoding.batch import Batch
+from specdec_ops.decoding.drafters import NGramRequest, RequestStats
+from specdec_ops.decoding.sampling import request_seeds
+
+
+def brute_force_matches(tokens, max_n, min_n):
+    """Independent definition: every earlier occurrence of the last n tokens for each n, keeping each
+    continuation start with its longest n, sorted by (longest, earliest)."""
+    best = {}
+    for n in range(min_n, max_n + 1):
+        if len(tokens) <= n:
+            continue
+        suffix = tokens[-n:]
+        for i in range(len(tokens) - n):
+            if tokens[i:i + n] == suffix:
+                best[i + n] = max(best.get(i + n, 0), n)
+    return sorted(((s, n) for s, n in best.items()), key=lambda x: (-x[1], x[0]))
+
+
+def test_find_matches_longest_first_then_earliest():
+    tokens = [1, 2, 3, 9, 2, 3, 8, 1, 2, 3, 7, 3, 5, 2, 3]
+    got = [(m.start, m.size) for m in find_matches(tokens, 3, 1, limit=99)]
+    assert got[0] == (3, 2)                 # "2 3" occurred at 1..2 (continuation 3) and 4..5 and 8..9
+    assert got == brute_force_matches(tokens, 3, 1)
+    assert got == [(3, 2), (6, 2), (10, 2), (12, 1)]
+    assert [(m.start, m.size) for m in find_matches(tokens, 3, 2, limit=99)] == [(3, 2), (6, 2), (10, 2)]
+    assert len(find_matches(tokens, 3, 1, limit=2)) == 2
+    assert find_matches([4], 3) == [] and find_matches([4, 5], 3) == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_find_matches_equals_brute_force_on_random_sequences(seed):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 4, (int(torch.randint(2, 60, (1,), generator=g)),), generator=g).tolist()
+    for max_n, min_n in ((3, 1), (4, 2), (1, 1)):
+        got = [(m.start, m.size) for m in find_matches(tokens, max_n, min_n, limit=10_000)]
+        assert got == brute_force_matches(tokens, max_n, min_n)
+        assert all(s < len(tokens) for s, _ in got)          # never an empty continuation
+
+
+def test_fixed_and_by_match_length():
+    stats = [RequestStats() for _ in range(3)]
+    assert FixedLength().lengths(stats, [1, 2, 3], [5, 2, 9], 4) == [4, 2, 4]
+    policy = ByMatchLength((0, 2, 5))
+    assert policy.lengths(stats, [1, 2, 3], [9, 9, 9], 4) == [0, 2, 4]
+    assert policy.lengths(stats, [0, 7, 3], [9, 9, 1], 8) == [0, 5, 1]      # no match; longer than the table
+    for bad in ((), (-1,), (1.5, 2), "ab", None):
+        with pytest.raises(ValueError, match="table"):
+            ByMatchLength(bad)
+
+
+def test_request_stats_record_positions_reached_and_rejected():
+    stats = RequestStats()
+    stats.record(match_size=3, drafted=5, accepted=2)     # positions 1, 2 accepted, 3 rejected
+    assert stats.reached[3][:3] == [1, 2, 0] and stats.rejected[3][:3] == [0, 1, 0]   # bins 1 | 2-3 | 4-7
+    stats.record(match_size=1, drafted=4, accepted=4)     # all accepted: reached 1..4, nothing rejected
+    assert stats.reached[1][:3] == [1, 2, 1] and sum(stats.rejected[1]) == 0
+    stats.record(match_size=9, drafted=1, accepted=0)     # sizes above 3 share bucket 3
+    assert stats.reached[3][0] == 2 and stats.rejected[3][0] == 1
+
+
+def brute_force_best_width(survive, available, fixed, per_token):
+    """argmax_c sum_b (1 + sum_{j <= min(avail_b, c)} prod_{i <= j} s_b(i)) / (fixed + per_token B (c + 1))."""
+    best, width = -1.0, 0
+    for c in range(max(available) + 1):
+        gain = 0.0
+        for s, a in zip(survive, available):
+            run, total = 1.0, 1.0
+            for j in range(1, min(a, c) + 1):
+                run *= s(j)
+                total += run
+            gain += total
+        value = gain / (fixed + per_token * len(available) * (c + 1))
+        if value > best + 1e-12:
+            best, width = value, c
+    return width
+
+
+def test_cost_model_drafts_long_after_acceptance_nothing_after_rejection():
+    cost = CostModel((10.0, 1.0), prior_hazard=0.3, prior_weight=1.0)
+    fresh = RequestStats()
+    prior = cost.lengths([fresh], [3], [32], 32)[0]
+    assert prior == brute_force_best_width([lambda j: 0.7], [32], 10.0, 1.0)
+    good, bad = RequestStats(), RequestStats()
+    for _ in range(20):
+        good.record(3, 32, 32)                             # every 32-token draft accepted
+        bad.record(1, 4, 0)                                # every one-token-match draft rejected at once
+    assert cost.lengths([good], [3], [32], 32) == [32]
+    assert cost.lengths([bad], [1], [32], 32) == [0]
+    assert cost.lengths([good], [3], [7], 32) == [7]       # never more than available
+    assert cost.lengths([good], [0], [32], 32) == [0]      # no match: nothing
+    # the expected-tokens curve is 1 + sum of survival products of the smoothed hazards
+    e = cost.expected_tokens(good, 3, 4)
+    h = cost.hazards(good, 3)
+    assert e[0] == 1.0 and e[2] == pytest.approx(1 + (1 - h[0]) + (1 - h[0]) * (1 - h[1]))
+    # a batch shares the widest draft's cost: one request's long draft is cut when the others gain nothing
+    batch = [good] + [bad] * 7
+    width = cost.lengths(batch, [3] + [1] * 7, [32] * 8, 32)
+    survive_good = lambda j: 1 - h[j.bit_length() - 1]   # noqa: E731
+    hb = cost.hazards(bad, 1)
+    survive_bad = lambda j: 1 - hb[min(j.bit_length() - 1, 7)]   # noqa: E731
+    expected = brute_force_best_width([survive_good] + [survive_bad] * 7, [32] * 8, 10.0, 1.0)
+    assert width == [expected] * 8 and expected < 32
+    for bad_cost in ((0, 1), (1, -1), (1,), "x", (True, 1)):
+        with pytest.raises(ValueError, match="forward_cost"):
+            CostModel(bad_cost)
+    with pytest.raises(ValueError, match="prior_hazard"):
+        CostModel((1, 1), prior_hazard=1.0)
+
+
+def make_batch(prompts, max_new_tokens=32):
+    return Batch(prompts, max_new_tokens, set(), request_seeds(0, len(prompts), "cpu"), 128, torch.device("cpu"))
+
+
+def emit(batch, tokens):
+    """Append `tokens` to request 0 (what the loop's emit does)."""
+    batch.emit(torch.tensor([tokens]), torch.tensor([len(tokens) - 1], dtype=torch.int32))
+
+
+def test_ngram_defaults_are_classic_prompt_lookup():
+    """NGramDrafter(n=3, k=None): the best match (longest, then earliest) drafts k tokens of its continuation."""
+    seq = [7, 8, 9, 1, 2, 3, 4, 5, 40, 7, 8, 9, 6, 6, 8, 9]
+    batch = make_batch([seq, [5, 6], [1, 2, 1]])
+    draft = NGramDrafter().propose(batch, 4, None, None)
+    assert draft.chain and draft.num_nodes.tolist() == [5, 1, 3]
+    assert draft.tokens[0].tolist() == [9, 1, 2, 3, 4]     # "8 9" at 1..2 (earliest of two 2-gram matches)
+    assert draft.tokens[2, :3].tolist() == [1, 2, 1]       # a one-token match: the 2 tokens left after it
+    assert NGramDrafter(k=1).propose(batch, 4, None, None).num_nodes.tolist() == [2, 1, 2]
+    capped = make_batch([seq], max_new_tokens=3)           # 3 more tokens at most: 2 drafts + 1
+    assert NGramDrafter().propose(capped, 8, None, None).num_nodes.tolist() == [3]
+
+
+def test_ngram_trie_merges_matches_best_first():
+    seq = [7, 8, 9, 1, 2, 3, 4, 5, 40, 9, 50, 51, 52, 7, 8, 9]    # (7,8,9) -> 1 2 3 4 ..; (9) -> 50 51 ..
+    draft = NGramDrafter(length=ByMatchLength((1, 2, 3))).propose(make_batch([seq]), 8, 16, None)
+    assert not draft.chain and draft.num_nodes.tolist() == [1 + 3 + 1]
+    assert draft.tokens[0, 1:5].tolist() == [1, 2, 3, 50] and draft.parents[0, :5].tolist() == [-1, 0, 1, 2, 0]
+    small = NGramDrafter().propose(make_batch([seq]), 8, 3, None)   # the budget caps the nodes
+    assert small.num_nodes.tolist() == [4]
+
+
+def test_copy_cursor_prefers_the_match_that_resumes_the_copied_text():
+    """After the output replaced a token of the text it copies, the match resuming right behind the cursor
+    beats the earliest match; commit moves the cursor behind the last accepted token's source."""
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]               # positions 5 .. 14
+    seq = [14, 60, 61, 62, 63] + source + [10, 11, 12, 40, 14]       # copied 10 11 12, replaced 13 by 40, then 14
+    plain = NGramDrafter(k=3)
+    assert plain.propose(make_batch([seq]), 5, None, None).tokens[0, 1:].tolist() == [60, 61, 62]  # earliest
+    drafter = NGramDrafter(k=3, rerank=[CopyCursor(4)])
+    batch = make_batch([seq])
+    drafter.reset(batch, 64, 100)
+    drafter.requests[0].cursor = 8                                   # the copy stopped matching at 13 (position 8)
+    draft = drafter.propose(batch, 5, None, None)
+    assert draft.tokens[0, 1:].tolist() == [15, 16, 17]              # resumes at position 10
+    drafter.commit(torch.tensor([[0, 1, 2, -1]]), torch.tensor([2], dtype=torch.int32))
+    assert drafter.requests[0].cursor == 12                          # 15 16 accepted: next source token is 17
+    drafter.commit(torch.tensor([[0, -1, -1, -1]]), torch.tensor([0], dtype=torch.int32))
+    assert drafter.requests[0].cursor == 10                          # none accepted: the continuation's start
+    far = NGramDrafter(k=3, rerank=[CopyCursor(1)])
+    far.reset(batch, 64, 100)
+    far.requests[0].cursor = 8                                       # position 10 is outside the window
+    assert far.propose(batch, 5, None, None).tokens[0, 1:].tolist() == [60, 61, 62]
+    tree = drafter.propose(batch, 5, 8, None)                        # the trie puts the resumed match first
+    assert tree.tokens[0, 1:4].tolist() == [15, 16, 17]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="window"):
+            CopyCursor(bad)
+
+
+def test_ngram_state_is_per_request_and_follows_keep():
+    batch = make_batch([[1, 2, 3, 1, 2], [5, 6, 5], [9, 9]])
+    drafter = NGramDrafter(length=ByMatchLength((3,)))
+    drafter.reset(batch, 64, 100)
+    assert drafter.propose(batch, 4, None, None).num_nodes.tolist() == [4, 3, 2]
+    drafter.commit(torch.tensor([[0, 1, -1, -1], [0, -1, -1, -1], [0, -1, -1, -1]]),
+                   torch.tensor([1, 0, 0], dtype=torch.int32))
+    assert all(isinstance(r, NGramRequest) for r in drafter.requests)
+    first = drafter.requests[0]
+    assert sum(first.stats.reached[2]) == 2 and sum(first.stats.rejected[2]) == 1   # 2-gram match, 1 of 3 accepted
+    drafter.keep(torch.tensor([0, 2]))
+    assert len(drafter.requests) == 2 and drafter.requests[0] is first
+
+
+def test_ngram_argument_errors_name_the_argument():
+    for kwargs, name in ((dict(n=0), "n must"), (dict(k=0), "k must"), (dict(min_n=4), "min_n"),
+                         (dict(length=3), "length"), (dict(rerank=[1]), "rerank"), (dict(max_matches=0),
+                                                                                  "max_matches")):
+        with pytest.raises(ValueError, match=name):
+            NGramDrafter(**kwargs)
+    assert Match(3, 2).start == 3
+
+
+def test_cost_model_uses_measured_costs_between_points():
+    """A measured table: linear between points, extended from the last two; a width whose forward costs much
+    more per token (here 2-3 tokens, as on a CPU) is skipped for a cheaper wider one."""
+    cost = CostModel({1: 10.0, 2: 25.0, 4: 26.0, 8: 28.0})
+    assert cost.cost(1) == 10.0 and cost.cost(3) == pytest.approx(25.5) and cost.cost(16) == pytest.approx(32.0)
+    good = RequestStats()
+    for _ in range(20):
+        good.record(3, 3, 2)           # two of three accepted: the third position is often rejected
+    lengths = {a: cost.lengths([good], [3], [a], 32)[0] for a in (1, 2, 3)}
+    assert lengths[1] == 0 and lengths[3] == 3     # one draft costs 2.5x a forward; three cost 2.6x and emit ~3
+    with pytest.raises(ValueError, match="forward_cost"):
+        CostModel({0: 1.0})
+    with pytest.raises(ValueError, match="forward_cost"):
+        CostModel({1: -1.0})
