@@ -8,7 +8,8 @@ import torch
 
 import specdec_ops
 from specdec_ops import reference
-from specdec_ops._checks import BackendUnavailableError
+from specdec_ops._checks import BackendUnavailableError, rng_inputs
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import HAS_TRITON, compile_ahead_of_time
 
@@ -172,6 +173,49 @@ def test_default_seeds_and_offsets():
     torch.manual_seed(123)
     b = specdec_ops.rejection_sample(**args)
     assert_same(a, b)
+
+
+class _RecordOps(TorchDispatchMode):
+    """The aten ops a call runs, with their arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((str(func), args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def test_default_seeds_are_drawn_on_the_device():
+    # Defect: seeds=None drew on the host and copied to the GPU each call (a blocking
+    # host-to-device copy that also breaks graph capture). Off the CPU the draw happens on
+    # the device: no copy between devices (shown on the meta device).
+    with _RecordOps() as record:
+        seeds, offsets = rng_inputs(None, None, 3, torch.device("meta"), "target_probs")
+    assert seeds.device.type == "meta" and seeds.dtype == torch.int64 and offsets.device.type == "meta"
+    copies = [name for name, args, kwargs in record.calls if "lift_fresh" in name
+              or (name.startswith("aten._to_copy") and kwargs.get("device", args[0].device) != args[0].device)]
+    assert not copies, copies
+    cpu_seeds, _ = rng_inputs(None, None, 3, torch.device("cpu"), "target_probs")  # CPU: the host generator
+    assert cpu_seeds.device.type == "cpu"
+
+
+def test_default_seeds_are_refused_under_cuda_graph_capture(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match="seeds=None.*CUDA graph capture"):
+        rng_inputs(None, None, 2, torch.device("cuda"), "target_probs")
+
+
+@pytest.mark.cuda
+def test_default_seeds_under_capture_are_refused_by_the_op():
+    p = torch.softmax(torch.randn(2, 2, 16, device="cuda"), -1)
+    ids, n = torch.zeros(2, 1, dtype=torch.int64, device="cuda"), torch.ones(2, dtype=torch.int64, device="cuda")
+    specdec_ops.rejection_sample(p, ids, n, seeds=torch.zeros(2, dtype=torch.int64, device="cuda"))  # warm up
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match="seeds=None"):
+        with torch.cuda.graph(graph):
+            specdec_ops.rejection_sample(p, ids, n)
 
 
 # ------------------------------------------------------------------------------------------ semantics
