@@ -416,6 +416,43 @@ def test_bad_arguments_name_the_argument(cpu_backend, mutate, name):
                               block_table=args["block_table"], backend=cpu_backend)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_value_errors_identical_on_every_backend(layout):
+    # The Python value checks (reference, triton on CPU) and the C++ ones (cpu) raise the same
+    # message for the same bad element, or all accept the path and commit the same result.
+    rng = random.Random(7)
+    gen = torch.Generator().manual_seed(7)
+    raised = 0
+    for trial in range(150):
+        caches, _, seq_lens, path, table = make_case(layout, torch.float32, seed=trial % 5)
+        rows = []
+        for _ in range(path.shape[0]):
+            row = [0]
+            while len(row) < rng.randint(1, path.shape[1]):
+                row.append(row[-1] + rng.randint(1, 2))
+            row += [-1] * (path.shape[1] - len(row))
+            rows.append([rng.choice([-1, -2, 0, 1, 3, 8, 13, 19, 25]) if rng.random() < 0.05 else a for a in row])
+        path = torch.tensor(rows)
+        seq_lens = torch.tensor([rng.choice([-1, 0, 3, 9, 14] + [2] * 15) for _ in range(seq_lens.shape[0])],
+                                dtype=torch.int32)
+        if table is not None and rng.random() < 0.3:
+            table.view(-1)[torch.randint(0, table.numel(), (2,), generator=gen)] = rng.choice([-1, 99])
+        outcomes = []
+        for backend in ("cpu", "reference") + (("triton",) if HAS_TRITON and trial % 10 == 0 else ()):
+            mine, lens = [c.clone() for c in caches], seq_lens.clone()
+            try:
+                specdec_ops.kv_commit(mine, lens, path, block_table=table, backend=backend)
+                outcomes.append(("ok", lens.tolist(), [bits(c) for c in mine]))
+            except specdec_ops.SpecDecArgumentError as exc:
+                outcomes.append(("error", str(exc), None))
+        raised += outcomes[0][0] == "error"
+        for other in outcomes[1:]:
+            assert other[:2] == outcomes[0][:2], (path, seq_lens, table)
+            if other[2] is not None:
+                assert all(torch.equal(x, y) for x, y in zip(other[2], outcomes[0][2]))
+    assert 30 < raised < 140  # both outcomes are exercised
+
+
 def test_native_op_checks_too():
     caches, seq_lens, path, _ = _case_for_errors()
     with pytest.raises(TypeError, match="seq_lens must be int32"):  # a dtype: TypeError, like torch's own
