@@ -508,7 +508,7 @@ def test_op_level_checks_raise_value_error_naming_element():
     with pytest.raises(ValueError, match=r"draft_token_ids.*99"):
         torch.ops.specdec.rejection_sample(args["target_probs"], args["draft_token_ids"], args["num_draft_tokens"],
                                            args["draft_probs"], args["seeds"], args["offsets"], None)
-    with pytest.raises(RuntimeError, match="num_draft_tokens"):
+    with pytest.raises(ValueError, match="num_draft_tokens"):  # a shape: ValueError
         torch.ops.specdec.rejection_sample(args["target_probs"], args["draft_token_ids"], args["seeds"][:1],
                                            None, args["seeds"], args["offsets"], None)
 

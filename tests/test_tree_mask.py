@@ -126,7 +126,7 @@ def test_build_tree_argument_errors_name_the_argument(backend):
 
 
 def test_build_tree_native_op_checks_and_empty_shapes():
-    with pytest.raises(RuntimeError, match="parents"):
+    with pytest.raises(ValueError, match="parents must be 2-D"):  # a shape: ValueError, as every op's checks
         torch.ops.specdec.build_tree(torch.tensor([-1, 0]), None)
     mask, depth = torch.ops.specdec.build_tree(torch.empty(0, 5, dtype=torch.int64), None)
     assert mask.shape == (0, 5, 1) and depth.shape == (0, 5)
