@@ -2,8 +2,11 @@
 gather-and-copy loop.
 
 Setup (issue #5): 32 layers x K and V (64 caches), head dim 128, 8 KV heads, bf16,
-B in {1, 32}; each request's accepted path has 1-8 entries, a root-to-node path
-of a random 64-node tree (window of 64 slots after a committed prefix). Reports
+B in {1, 32, 64}; three kinds of accepted paths (window of 64 slots after a
+committed prefix): "tree", 1-8 entries, a root-to-node path of a random 64-node
+tree; "moves3", 0 2 3 4 (three moved slots per request: the issue 11 reference
+shape at B = 64); "chain", 0 1 2 3 4 (a fully accepted chain: nothing moves, so
+it times the early exit; its GB/s is 0 by definition). Reports
 the median time per commit, the speedup over the loop, and the achieved
 bandwidth on the bytes actually moved (each moved slot is read once and written
 once: 2 * moves * H * D * 2 bytes per cache), with the share of peak on a known GPU.
@@ -69,6 +72,12 @@ def torch_loop(caches, seq_lens, path, block_table=None):
     seq_lens += valid.sum(1, dtype=torch.int32)
 
 
+def fixed_paths(batch: int, kind: str) -> torch.Tensor:
+    """int32 [B, 8]: every request's path 0 2 3 4 ("moves3": three moves) or 0 1 2 3 4 ("chain": none)."""
+    row = [0, 2, 3, 4] if kind == "moves3" else [0, 1, 2, 3, 4]
+    return torch.tensor([row + [-1] * (8 - len(row))] * batch, dtype=torch.int32)
+
+
 def moved_bytes(path: torch.Tensor, caches) -> int:
     steps = torch.arange(path.shape[1])
     moves = int(((path.cpu() >= 0) & (path.cpu() != steps)).sum())
@@ -117,7 +126,7 @@ def main():
     device = args.device
     layers = args.layers or (8 if args.quick and device == "cpu" else 32)
     prefix = args.prefix if args.prefix is not None else (16 if device == "cpu" else 1024)
-    batches = [1, 32] if not (args.quick and device == "cpu") else [1, 8]
+    batches = [1, 32, 64] if not (args.quick and device == "cpu") else [1, 8]
     layouts = ["contiguous", "paged"]
     backends = ["cuda", "triton"] if device == "cuda" else ["cpu"]
     repeat = 5 if args.quick else 20
@@ -125,14 +134,14 @@ def main():
     rng = random.Random(0)
 
     print(f"kv_commit: {layers} layers x K,V, H={args.heads}, D=128, bf16, prefix {prefix}, tree of {WINDOW} "
-          f"nodes, paths of 1-8 entries, device {device}")
-    table_out = Table(["B", "layout", "backend", "moved_MB", "op_ms", "graph_ms", "loop_ms", "speedup", "op_GBps",
+          f"nodes, tree paths of 1-8 entries / 3 moves / a fully accepted chain, device {device}")
+    table_out = Table(["B", "layout", "paths", "backend", "moved_MB", "op_ms", "graph_ms", "loop_ms", "speedup", "op_GBps",
                        "graph_GBps", "pct_peak"])
     for batch in batches:
-        for layout in layouts:
+        for layout, kind in [(layout, kind) for layout in layouts for kind in ("tree", "moves3", "chain")]:
             caches, block_table = make_caches(layout, batch, prefix, layers, args.heads, 128, torch.bfloat16,
                                               device)
-            path = tree_paths(batch, rng).to(device)
+            path = (tree_paths(batch, rng) if kind == "tree" else fixed_paths(batch, kind)).to(device)
             base_lens = torch.full((batch,), prefix, dtype=torch.int32, device=device)
             seq_lens = base_lens.clone()
             nbytes = moved_bytes(path, caches)
@@ -156,20 +165,20 @@ def main():
                 torch_loop(caches, seq_lens, path, block_table)
 
             with profiled_region(device):
-                with nvtx_range(f"loop B={batch} {layout}", device):
+                with nvtx_range(f"loop B={batch} {layout} {kind}", device):
                     t_loop = time_fn(run_loop, device, repeat=repeat) - t_reset
                 for backend in backends:
                     def run_op():
                         reset()
                         specdec_ops.kv_commit(caches, seq_lens, path, block_table=block_table, backend=backend)
 
-                    with nvtx_range(f"kv_commit B={batch} {layout} {backend}", device):
+                    with nvtx_range(f"kv_commit B={batch} {layout} {kind} {backend}", device):
                         t_op = time_fn(run_op, device, repeat=repeat) - t_reset
                     t_graph = graph_time(run_op, reset, device, repeat) if device == "cuda" else None
                     rate = gbps(nbytes, t_op)
                     graph_rate = None if t_graph is None else gbps(nbytes, t_graph)
                     best = rate if graph_rate is None else max(rate, graph_rate)
-                    table_out.add(B=batch, layout=layout, backend=backend, moved_MB=nbytes / 1e6, op_ms=t_op,
+                    table_out.add(B=batch, layout=layout, paths=kind, backend=backend, moved_MB=nbytes / 1e6, op_ms=t_op,
                                   graph_ms=t_graph, loop_ms=t_loop, speedup=t_loop / t_op, op_GBps=rate,
                                   graph_GBps=graph_rate, pct_peak=None if peak is None else 100.0 * best / peak)
             del caches

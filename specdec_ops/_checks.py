@@ -67,11 +67,21 @@ def check_index_tensor(t, shape: Sequence[int], name: str, shape_str: str, devic
 def rng_inputs(seeds, offsets, batch: int, device: torch.device, ref_name: str):
     """Validated (seeds, offsets) int64 [B] on `device`.
 
-    seeds=None draws one seed per request from torch's default generator on the
-    host; offsets=None means 0. int32 values are widened to int64.
+    seeds=None draws one seed per request from torch's default generator for
+    `device`: on the host for CPU tensors (DESIGN.md §5.1), on the device itself
+    otherwise (torch's CUDA generator: no host-to-device copy, no sync). Under CUDA
+    graph capture seeds=None is refused (SpecDecArgumentError): a captured draw would
+    bake one set of seeds into every replay, so pass a seeds tensor and refill it
+    between replays. offsets=None means 0. int32 values are widened to int64.
     """
     if seeds is None:
-        seeds = torch.randint(0, 2**62, (batch,), dtype=torch.int64).to(device)
+        if device.type == "cpu":
+            seeds = torch.randint(0, 2**62, (batch,), dtype=torch.int64)
+        else:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                fail("seeds=None is not allowed under CUDA graph capture (the drawn seeds would be replayed "
+                     "unchanged): pass seeds, an int64 [B] tensor on the device, and refill it between replays")
+            seeds = torch.randint(0, 2**62, (batch,), dtype=torch.int64, device=device)
     else:
         check_shape(seeds, (batch,), "seeds", "[B]")
         check_dtype(seeds, INDEX_DTYPES, "seeds")
@@ -85,6 +95,30 @@ def rng_inputs(seeds, offsets, batch: int, device: torch.device, ref_name: str):
         check_device(offsets, device, "offsets", ref_name)
         offsets = offsets.to(torch.int64)
     return seeds, offsets
+
+
+def native_message(exc: BaseException) -> str:
+    """The message of an error raised by a C++ check, without torch's C++ backtrace."""
+    return str(exc).split("\nException raised from")[0]
+
+
+def call_native(op, *args):
+    """Run a specdec:: op (C++/CUDA or Triton), re-raising its argument errors as SpecDecArgumentError.
+
+    The C++ checks raise ValueError (shapes, ranks, devices, index values) and
+    TypeError (dtypes) (csrc/common/torch_checks.h); a wrapper calling through here
+    raises SpecDecArgumentError with the same message on every backend, as its
+    Python checks do. Other errors (CUDA errors, RuntimeError) pass unchanged.
+    Under torch.compile the op is called directly (the checks run at trace time).
+    """
+    if torch.compiler.is_compiling():
+        return op(*args)
+    try:
+        return op(*args)
+    except SpecDecArgumentError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise SpecDecArgumentError(native_message(exc)) from None
 
 
 def check_greedy(greedy, batch: int, device: torch.device, ref_name: str):

@@ -51,7 +51,10 @@ def tree_attention_bias(mask: torch.Tensor, prefix_lens: torch.Tensor, kv_len: i
         only (never an all -inf row when prefix_lens[b] > 0). Use with
         ``positions = prefix_lens[:, None] + depth``.
 
-    No host sync; traceable by torch.compile.
+    On CPU a negative ``prefix_lens`` entry raises ValueError (SpecDecArgumentError)
+    naming it. On the GPU (no host sync) a negative entry is taken as 0: no committed
+    prefix, the tree at keys 0 .. N - 1 (never an all -inf row, which would put NaN in
+    SDPA's output). No host sync on the GPU; traceable by torch.compile.
     """
     batch, n = _check_mask(mask)
     check_shape(prefix_lens, (batch,), "prefix_lens", "[B]")
@@ -61,8 +64,12 @@ def tree_attention_bias(mask: torch.Tensor, prefix_lens: torch.Tensor, kv_len: i
         fail(f"kv_len must be a non-negative int, got {kv_len!r}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         fail(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if values_checked_here(mask.device):
+        bad = first_bad(prefix_lens < 0)
+        if bad is not None:
+            fail(f"prefix_lens[{bad[0]}] = {int(prefix_lens[bad])} is negative (committed tokens)")
     key = torch.arange(kv_len, device=mask.device)
-    rel = key[None, :] - prefix_lens.long()[:, None]  # [B, L]: key position relative to the root
+    rel = key[None, :] - prefix_lens.long().clamp(min=0)[:, None]  # [B, L]: key position relative to the root
     visible = (rel < 0)[:, None, :].expand(batch, n, kv_len)
     if n > 0:
         in_tree = (rel >= 0) & (rel < n)

@@ -9,6 +9,7 @@ and the Triton launcher live here too.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend
 from ._checks import (INDEX_DTYPES, SpecDecArgumentError, check_device, check_dtype, check_rank, check_shape,
-                      check_tensor, fail, first_bad)
+                      check_tensor, fail, first_bad, native_message)
 
 __all__ = ["kv_commit", "kv_rollback"]
 
@@ -24,6 +25,7 @@ KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.in
              torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 _KV_DTYPE_SET = frozenset(KV_DTYPES)
 _UNBOUNDED = 1 << 62  # slots per request when no cache bounds them
+_MAX_SEQ_LEN = 2**31 - 1  # seq_lens is int32 (csrc/kv/kv_math.h kKVMaxSeqLen)
 _BITS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
@@ -62,6 +64,9 @@ def _check_args(caches, seq_lens, accepted_path, block_table, *, each_cache: boo
         check_rank(cache, 4, name, layout)
         check_dtype(cache, KV_DTYPES, name)
         check_device(cache, device, name, "seq_lens")
+        if cache.shape[2] * cache.shape[3] * cache.element_size() >= 2**31:
+            fail(f"{name} must have fewer than 2^31 bytes per slot (H * D * element size), got shape "
+                 f"{list(cache.shape)}")
         first = caches[0]
         if paged:
             if cache.shape[1] < 1:
@@ -89,7 +94,8 @@ def _caches_look_fine(caches, device, paged: bool, batch: int) -> bool:
         return False
     for cache in caches:
         if (type(cache) is not torch.Tensor and not isinstance(cache, torch.Tensor)) or cache.dim() != 4 \
-                or cache.dtype not in _KV_DTYPE_SET or cache.shape[:2] != lead or cache.device != device:
+                or cache.dtype not in _KV_DTYPE_SET or cache.shape[:2] != lead or cache.device != device \
+                or cache.shape[2] * cache.shape[3] * cache.element_size() >= 2**31:
             return False
     return True
 
@@ -104,18 +110,67 @@ def _geometry(caches, block_table):
 
 
 def _check_values(caches, seq_lens, accepted_path, block_table) -> None:
-    """The C++ CPU kernel's value checks, for the reference and Triton backends on CPU."""
+    """The C++ CPU kernel's value checks (csrc/kv/kv_op.cpp, same rule and messages), vectorized,
+    for the reference and Triton backends on CPU: the first bad entry of the first bad request."""
     paged, capacity, block_size, num_blocks = _geometry(caches, block_table)
-    lens, paths = seq_lens.tolist(), accepted_path.tolist()
-    table = block_table.tolist() if paged else None
-    for b in range(len(lens)):
-        if lens[b] < 0:
-            fail(f"seq_lens[{b}] = {lens[b]} is negative")
-        _, bad, reason = reference.kv_path_scan(lens[b], paths[b], capacity, table[b] if paged else None,
-                                                block_size, num_blocks)
-        if bad is not None:
-            fail(f"accepted_path[{b}, {bad}] = {paths[b][bad]} {reason} (seq_lens[{b}] = {lens[b]}, "
-                 f"{'max_blocks * block_size' if paged else 'S'} = {capacity})")
+    batch, width = accepted_path.shape
+    if batch == 0 or width == 0:
+        return
+    lens = seq_lens.long()[:, None]
+    path = accepted_path.long()
+    i = torch.arange(width)[None, :]
+    prev = torch.cat([torch.full((batch, 1), -1, dtype=torch.int64), path[:, :-1]], dim=1)
+    end = (i > 0) & (path < 0)
+    # Why each entry fails (0: it does not), in kv_path_entry_rule's order, then the block table.
+    kind = torch.zeros((batch, width), dtype=torch.int64)
+
+    def flag(cond, code):
+        kind.masked_fill_((kind == 0) & cond, code)
+
+    flag((lens < 0).expand(batch, width), 1)
+    flag((i == 0) & (path != 0), 2)
+    flag(end, -1)  # the padding: ends the path, not an error
+    flag((i > 0) & (path <= prev), 3)
+    flag((path >= capacity) | (i >= capacity) | (path >= capacity - lens) | (i >= capacity - lens), 4)
+    flag(i >= _MAX_SEQ_LEN - lens, 5)
+    if paged:
+        table = block_table.long()
+        max_blocks = table.shape[1]
+        src = (lens + path).clamp(0, max_blocks * block_size - 1) // block_size
+        dst = (lens + i).clamp(0, max_blocks * block_size - 1) // block_size
+        src_block, dst_block = table.gather(1, src), table.gather(1, dst)
+        flag((src_block < 0) | (src_block >= num_blocks) | (dst_block < 0) | (dst_block >= num_blocks), 4)
+    stop = kind != 0
+    first = torch.where(stop.any(1), stop.long().argmax(1), width)  # first entry that ends the path
+    first_kind = kind.gather(1, first.clamp(max=width - 1)[:, None])[:, 0]
+    after_end = (first_kind == -1)[:, None] & (i > first[:, None]) & (path >= 0)
+    bad_row = (first < width) & (first_kind > 0) | after_end.any(1)
+    rows = bad_row.nonzero()
+    if rows.numel() == 0:
+        return
+    b = int(rows[0, 0])
+    seq_len = int(seq_lens[b])
+    if first_kind[b] == -1:
+        j = int(after_end[b].long().argmax())
+        fail(f"accepted_path[{b}, {j}] = {int(path[b, j])} follows the -1 padding (negative entries may only "
+             f"end a path)")
+    j, code, a = int(first[b]), int(first_kind[b]), int(path[b, int(first[b])])
+    if code == 1:
+        fail(f"seq_lens[{b}] = {seq_len} is negative")
+    if code == 2:
+        fail(f"accepted_path[{b}, 0] = {a} must be 0 (the root, slot seq_lens[{b}])")
+    if code == 3:
+        fail(f"accepted_path[{b}, {j}] = {a} is not greater than accepted_path[{b}, {j - 1}] = "
+             f"{int(path[b, j - 1])} (a path must be strictly increasing)")
+    if code == 5:
+        fail(f"accepted_path[{b}, {j}] = {a} would advance seq_lens[{b}] = {seq_len} to {seq_len + j + 1}, "
+             f"past the int32 range ({_MAX_SEQ_LEN})")
+    if paged:
+        fail(f"accepted_path[{b}, {j}] = {a} reaches slot seq_lens[{b}] + {a} = {seq_len + a} outside request "
+             f"{b}'s blocks (block_table row {b}: max_blocks * block_size = {capacity} slots, block ids in "
+             f"[0, {num_blocks}))")
+    fail(f"accepted_path[{b}, {j}] = {a} reaches slot seq_lens[{b}] + {a} = {seq_len + a} outside the cache "
+         f"(S = {capacity})")
 
 
 # ---------------------------------------------------------------------------------------------- public
@@ -162,22 +217,30 @@ def kv_commit(
 
     Errors and safe behaviour
     -------------------------
-    On CPU a malformed path (first entry not 0, not strictly increasing, a
-    non-negative entry after the padding, or reaching a slot outside the cache S or
-    the request's blocks: beyond max_blocks * block_size or a block id outside
-    [0, num_blocks)) and a negative ``seq_lens`` entry raise ValueError naming
-    accepted_path (or seq_lens) and the element. On the GPU (no host sync) the first
-    bad entry ends the path: nothing outside the cache or the request's blocks is
-    read or written.
+    Bad arguments raise SpecDecArgumentError (a ValueError) naming the argument, on
+    every backend. On CPU a malformed path (first entry not 0, not strictly
+    increasing, a non-negative entry after the padding, or reaching a slot outside
+    the cache S or the request's blocks: beyond max_blocks * block_size or a block id
+    outside [0, num_blocks)), a negative ``seq_lens`` entry, and a path that would
+    advance ``seq_lens[b]`` past the int32 range (2^31 - 1; only reachable without
+    caches) raise it naming accepted_path (or seq_lens) and the element. On the GPU
+    (no host sync) the first bad entry ends the path: nothing outside the cache or
+    the request's blocks is read or written, and ``seq_lens[b]`` never passes
+    2^31 - 1 (it never wraps).
 
-    CUDA graphs
-    -----------
-    One kernel launch moves every cache (up to 128 caches and 4096 requests per
-    launch; more are split into launches on the same stream): the caches' pointers
-    and strides are kernel parameters, so capture and replay work as long as the
-    caches stay where they were at capture (static caches), while ``seq_lens``,
-    ``accepted_path`` and ``block_table`` are read on the device at replay. The
-    Triton backend launches once per cache.
+    CUDA graphs and streams
+    -----------------------
+    CUDA: one kernel launch moves every cache (up to 128 caches per launch; more are
+    split into launches on the same stream), then one small launch advances
+    ``seq_lens``; both run on the current stream and keep no state between calls, so
+    any number of streams and graphs replayed on any stream are safe. The caches'
+    pointers and strides are kernel parameters, so capture and replay work as long as
+    the caches stay where they were at capture (static caches), while ``seq_lens``,
+    ``accepted_path`` and ``block_table`` are read on the device at replay.
+    Triton: one move launch per cache element size (one for the usual single dtype),
+    then the ``seq_lens`` launch; the caches' offsets and strides sit in a small
+    device table built once per set of caches (later calls with the same caches
+    reuse it, so warm up once before capturing a graph).
 
     Example
     -------
@@ -205,12 +268,17 @@ def kv_commit(
         try:
             op.default(caches, seq_lens, accepted_path, block_table)
         except (ValueError, TypeError) as exc:  # argument and path checks of csrc/kv/kv_op.cpp
-            raise SpecDecArgumentError(str(exc).split("\nException raised from")[0]) from None
+            raise SpecDecArgumentError(native_message(exc)) from None
         except RuntimeError:  # e.g. a non-tensor in caches: name it if it is an argument problem
             _check_args(caches, seq_lens, accepted_path, block_table)
             raise
         return None
-    op.default(caches, seq_lens, accepted_path, block_table)
+    try:
+        op.default(caches, seq_lens, accepted_path, block_table)
+    except (ValueError, TypeError) as exc:  # e.g. the fake's device check (a cache on the meta device)
+        if isinstance(exc, SpecDecArgumentError):
+            raise
+        raise SpecDecArgumentError(native_message(exc)) from None
     return None
 
 
@@ -263,14 +331,57 @@ def kv_rollback(
 def _fake_kv_commit(caches, seq_lens, accepted_path, block_table):
     torch._check(seq_lens.dim() == 1, lambda: "seq_lens must be 1-D [B]")
     torch._check(accepted_path.dim() == 2, lambda: "accepted_path must be 2-D [B, M]")
+    # The dispatcher routes a call with any meta tensor here, whatever the other
+    # tensors' device: a cache on another device than seq_lens must not pass silently.
+    for layer, cache in enumerate(caches):
+        if cache.device != seq_lens.device:
+            raise SpecDecArgumentError(f"caches[{layer}] must be on the same device as seq_lens "
+                                       f"({seq_lens.device}), got {cache.device}")
+    for tensor, name in ((accepted_path, "accepted_path"), (block_table, "block_table")):
+        if tensor is not None and tensor.device != seq_lens.device:
+            raise SpecDecArgumentError(f"{name} must be on the same device as seq_lens ({seq_lens.device}), "
+                                       f"got {tensor.device}")
     return None
 
 
 # ---------------------------------------------------------------------------------------------- triton
 
 
+_TABLES: OrderedDict = OrderedDict()  # (device, caches' addresses and geometry) -> device tables
+_TABLES_KEPT = 64
+
+
+def _cache_tables(group: list[torch.Tensor], device: torch.device):
+    """(cache_addresses int64 [C], cache_geometry int64 [C, 6], host copy) on `device` for one
+    group of caches of one element size: data addresses and (stride0, stride1,
+    stride_head, stride_dim, head_dim, H * D) in elements.
+
+    Memoized per set of caches (addresses, strides, shapes): a decode loop's static
+    caches build them once, with a non-blocking copy from pinned memory on CUDA
+    (no sync); later calls and CUDA graph replays reuse the same device tensors.
+    """
+    rows = [(c.data_ptr(), *c.stride(), c.shape[3], c.shape[2] * c.shape[3]) for c in group]
+    key = (device, group[0].element_size(), tuple(rows))
+    tables = _TABLES.get(key)
+    if tables is not None:
+        _TABLES.move_to_end(key)
+        return tables
+    host = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 7)
+    if device.type == "cuda":
+        host = host.pin_memory()
+        table = host.to(device, non_blocking=True)
+    else:
+        table = host.to(device)
+    tables = (table[:, 0].contiguous(), table[:, 1:].contiguous(), host)  # keep the pinned source alive with the copy
+    if device.type != "cpu":
+        _TABLES[key] = tables
+        while len(_TABLES) > _TABLES_KEPT:
+            _TABLES.popitem(last=False)
+    return tables
+
+
 def _triton_kv_commit(caches, seq_lens, accepted_path, block_table):
-    from .triton_kernels.kv_commit import kv_commit_kernel
+    from .triton_kernels.kv_commit import kv_advance_kernel, kv_move_kernel
 
     batch, max_path = accepted_path.shape
     if batch == 0:
@@ -279,19 +390,22 @@ def _triton_kv_commit(caches, seq_lens, accepted_path, block_table):
     paged, capacity, block_size, num_blocks = _geometry(caches, block_table)
     path = accepted_path.contiguous()
     table = block_table.contiguous() if paged else path
-    movable = [c for c in caches if c.numel() > 0]
-    launches = [(c.view(_BITS_OF_SIZE[c.element_size()]), True) for c in movable] or [(seq_lens, False)]
-    for index, (cache, has_data) in enumerate(launches):
-        strides = cache.stride() if has_data else (0, 0, 0, 0)
-        head_dim = cache.shape[3] if has_data else 1
-        row_elems = cache.shape[2] * cache.shape[3] if has_data else 0
-        kv_commit_kernel[(batch,)](
-            cache, seq_lens, path, table,
-            max_path, path.stride(0), capacity, block_size, num_blocks, table.stride(0),
-            strides[0], strides[1], strides[2], strides[3], head_dim, row_elems,
-            PAGED=paged, UPDATE_SEQ_LENS=index == len(launches) - 1, BLOCK_M=max(next_pow2(max_path), 2),
-            BLOCK=min(max(next_pow2(row_elems), 16), 1024),
+    block_m = max(next_pow2(max_path), 2)
+    geometry_args = (max_path, path.stride(0), capacity, block_size, num_blocks, table.stride(0))
+    groups: dict[int, list[torch.Tensor]] = {}
+    for cache in caches:
+        if cache.numel() > 0:
+            groups.setdefault(cache.element_size(), []).append(cache.view(_BITS_OF_SIZE[cache.element_size()]))
+    for group in groups.values():  # one launch per element size: every cache of the usual single dtype at once
+        addresses, geometry, _ = _cache_tables(group, seq_lens.device)
+        row_elems = max(c.shape[2] * c.shape[3] for c in group)
+        block = min(max(next_pow2(row_elems), 16), 1024)
+        kv_move_kernel[(batch, len(group))](
+            addresses, geometry, seq_lens, path, table, *geometry_args,
+            ELEM_BYTES=group[0].element_size(), PAGED=paged, BLOCK_M=block_m, BLOCK=block,
+            ROW_TILES=-(-row_elems // block),
         )
+    kv_advance_kernel[(batch,)](seq_lens, path, table, *geometry_args, PAGED=paged, BLOCK_M=block_m)
     return None
 
 

@@ -11,8 +11,8 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_greedy, check_rank, check_shape,
-                      fail, first_bad, rng_inputs)
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, call_native, check_device, check_dtype, check_greedy, check_rank,
+                      check_shape, fail, first_bad, rng_inputs)
 from .types import SampleOutput
 
 __all__ = ["rejection_sample", "rejection_sample_packed"]
@@ -81,7 +81,9 @@ def rejection_sample(
     seeds, offsets : int64 [B], optional
         Random numbers are a pure function of (seeds[b], offsets[b], position,
         purpose, vocab index) (Philox4x32-10, identical on every backend).
-        seeds=None draws one per request from torch's default generator;
+        seeds=None draws one per request from torch's default generator for the
+        device (on the host for CPU tensors; on the GPU with torch's CUDA
+        generator: no host sync), and is refused under CUDA graph capture;
         offsets=None means 0. Advance offsets by 1 per step for fresh numbers.
         Tensors, not ints, so a CUDA graph can replay with new values.
     greedy : bool [B], optional
@@ -134,8 +136,8 @@ def rejection_sample(
         return reference.rejection_sample(target_probs, draft_token_ids, num_draft_tokens, draft_probs,
                                           seeds=seeds, offsets=offsets, greedy=greedy)
     op = torch.ops.specdec.rejection_sample if backend in ("cpu", "cuda") else torch.ops.specdec.rejection_sample_triton
-    token_ids, num_accepted = op.default(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds,
-                                         offsets, greedy)
+    token_ids, num_accepted = call_native(op.default, target_probs, draft_token_ids, num_draft_tokens, draft_probs,
+                                          seeds, offsets, greedy)
     return SampleOutput(token_ids, num_accepted)
 
 
@@ -222,8 +224,8 @@ def rejection_sample_packed(
                                                  max_num_draft_tokens=max_num_draft_tokens)
     op = (torch.ops.specdec.rejection_sample_packed if backend in ("cpu", "cuda")
           else torch.ops.specdec.rejection_sample_packed_triton)
-    token_ids, num_accepted = op.default(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds,
-                                         offsets, greedy, max_num_draft_tokens)
+    token_ids, num_accepted = call_native(op.default, target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                                          seeds, offsets, greedy, max_num_draft_tokens)
     return SampleOutput(token_ids, num_accepted)
 
 

@@ -20,8 +20,8 @@ import torch
 
 from . import _ops, reference
 from ._backend import resolve_backend, values_checked_here
-from ._checks import (INDEX_DTYPES, check_device, check_dtype, check_rank, check_shape, check_tensor, fail,
-                      first_bad)
+from ._checks import (INDEX_DTYPES, call_native, check_device, check_dtype, check_rank, check_shape, check_tensor,
+                      fail, first_bad)
 
 __all__ = ["TreeInfo", "build_tree", "paths_to_parents", "parents_to_paths", "topk_grid_to_parents"]
 
@@ -113,7 +113,7 @@ def build_tree(parents: torch.Tensor, num_nodes: torch.Tensor | None = None, *,
         if values_checked_here(device):
             _check_parents_values(parents, num_nodes)
         return TreeInfo(*reference.build_tree(parents, num_nodes))
-    return TreeInfo(*torch.ops.specdec.build_tree.default(parents, num_nodes))
+    return TreeInfo(*call_native(torch.ops.specdec.build_tree.default, parents, num_nodes))
 
 
 # ---------------------------------------------------------------------------------------------- converters
@@ -223,8 +223,9 @@ def topk_grid_to_parents(selected: torch.Tensor, beam_indices: torch.Tensor,
     device = selected.device
     # Parent (flat grid index, -1 = root) of every grid candidate.
     beams = beam_indices.long()
-    prev_offset = torch.tensor([0] + [topk + (s - 1) * topk * topk for s in range(1, steps - 1)],
-                               dtype=torch.int64, device=device)  # flat offset of step s, s < steps - 1
+    # Flat offset of step s < steps - 1, built on the device (no host-to-device copy).
+    step = torch.arange(steps - 1, dtype=torch.int64, device=device)
+    prev_offset = torch.where(step == 0, 0, topk + (step - 1) * topk * topk)
     beam_flat = beams + prev_offset[None, :, None]  # [B, steps - 1, topk]
     later = beam_flat.repeat_interleave(topk, dim=2).reshape(batch, -1)  # [B, (steps - 1) * topk^2]
     grid_parents = torch.cat([torch.full((batch, topk), -1, dtype=torch.int64, device=device), later], dim=1)

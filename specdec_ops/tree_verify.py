@@ -10,8 +10,8 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_greedy, check_rank, check_shape,
-                      fail, first_bad, rng_inputs)
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, call_native, check_device, check_dtype, check_greedy, check_rank,
+                      check_shape, fail, first_bad, rng_inputs)
 from .types import TreeSampleOutput
 
 __all__ = ["tree_rejection_sample"]
@@ -92,7 +92,9 @@ def tree_rejection_sample(
         uniform for child c sits at position c - 1, so a chain-shaped tree gives
         exactly :func:`rejection_sample`'s result for the same seeds (draft_probs;
         without draft_probs when the rows sum to exactly 1). seeds=None draws one
-        per request from torch's default generator; offsets=None means 0.
+        per request from torch's default generator for the device (on the host for
+        CPU tensors; on the GPU with torch's CUDA generator: no host sync), and is
+        refused under CUDA graph capture; offsets=None means 0.
         Tensors, not ints, so a CUDA graph can replay with new values.
     greedy : bool [B], optional
         True: argmax verification for that request.
@@ -155,8 +157,8 @@ def tree_rejection_sample(
                                                seeds=seeds, offsets=offsets, greedy=greedy)
     op = (torch.ops.specdec.tree_rejection_sample if backend in ("cpu", "cuda")
           else torch.ops.specdec.tree_rejection_sample_triton)
-    token_ids, accepted_path, num_accepted = op.default(target_probs, tree_token_ids, parents, num_nodes,
-                                                        draft_probs, seeds, offsets, greedy)
+    token_ids, accepted_path, num_accepted = call_native(op.default, target_probs, tree_token_ids, parents, num_nodes,
+                                                         draft_probs, seeds, offsets, greedy)
     return TreeSampleOutput(token_ids, accepted_path, num_accepted)
 
 

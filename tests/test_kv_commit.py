@@ -2,14 +2,18 @@
 layouts and dtypes; chain paths; paged blocks nobody owns; error paths; opcheck;
 torch.compile; CUDA (equals CPU, safe behaviour on bad paths, graph capture)."""
 
+import os
 import random
+import re
 
 import pytest
 import torch
 
 import specdec_ops
 from specdec_ops import reference
-from conftest import HAS_TRITON
+from conftest import HAS_TRITON, compile_ahead_of_time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.float8_e4m3fn]
 LAYOUTS = ["contiguous", "hf", "strided_dim", "paged"]
@@ -227,6 +231,102 @@ def test_triton_kernel_ends_path_at_first_bad_entry(layout):
     assert (expected_lens - make_case(layout, torch.float32, seed=21)[2]).tolist()[1:] == [2, 1]
 
 
+def test_fully_accepted_chain_paged_with_unallocated_blocks_moves_nothing(cpu_backend):
+    # The early exit (kv_math.h kv_path_moves_nothing) never reads the block table: an
+    # identity path whose later blocks are unallocated still ends where the blocks end.
+    caches, _, seq_lens, path, table = make_case("paged", torch.float16, seed=23)
+    seq_lens[:] = torch.tensor([2, 3, 0], dtype=torch.int32)
+    path[:] = torch.tensor([0, 1, 2, 3, 4, 5])
+    table[1, 1:] = -1  # request 1: slots 4.. unallocated, so its path ends after entry 0 (slot 3)
+    before = [bits(c).clone() for c in caches]
+    lens_before = seq_lens.clone()
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match=r"accepted_path\[1, 1\]"):
+        specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend=cpu_backend)
+    assert torch.equal(seq_lens, lens_before)
+    if cpu_backend == "triton":  # the GPU rule, in the interpreter: the path just ends
+        torch.ops.specdec.kv_commit_triton.default(caches, seq_lens, path, table)
+        assert seq_lens.tolist() == [8, 4, 6]
+    for c, b in zip(caches, before):
+        assert torch.equal(bits(c), b)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.parametrize("dtypes,move_launches", [
+    ([torch.bfloat16], 1), ([torch.float16, torch.bfloat16], 1), ([torch.float32, torch.uint8, torch.float16], 3),
+])
+def test_triton_one_move_launch_per_element_size(monkeypatch, dtypes, move_launches):
+    # DESIGN §5.5: one launch covers all caches (per element size: bit moves through integer
+    # views), then one launch advances seq_lens; 32 layers of K and V are 2 launches, not 64.
+    from specdec_ops.triton_kernels import kv_commit as kernels
+
+    grids = {"move": [], "advance": []}
+
+    class Counting:
+        def __init__(self, kernel, name):
+            self.kernel, self.name = kernel, name
+
+        def __getitem__(self, grid):
+            grids[self.name].append(tuple(grid))
+            return self.kernel[grid]
+
+    monkeypatch.setattr(kernels, "kv_move_kernel", Counting(kernels.kv_move_kernel, "move"))
+    monkeypatch.setattr(kernels, "kv_advance_kernel", Counting(kernels.kv_advance_kernel, "advance"))
+    caches, _, seq_lens, path, table = make_case("paged", torch.float32, seed=25, dtypes=dtypes)
+    expected, expected_lens = gather_expected(caches, seq_lens, path, table)
+    specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend="triton")
+    assert_committed(caches, expected, seq_lens, expected_lens)
+    assert len(grids["move"]) == move_launches and len(grids["advance"]) == 1
+    assert sum(g[1] for g in grids["move"]) == len(caches) and all(g[0] == 3 for g in grids["move"])
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_triton_kernels_compile_for_sm90_without_a_gpu():
+    compile_ahead_of_time("aot_kv_commit_kernel.py")
+
+
+def test_cuda_kernels_keep_no_global_mutable_state():
+    # Defect: seq_lens was advanced through __device__ ticket counters shared by every launch
+    # on a stream row (csrc/kv/kv_kernels.cu g_kv_tickets): wrong with > 32 streams or graphs
+    # replayed on another stream. No .cu file may declare a __device__ / __managed__ variable.
+    pattern = re.compile(r"^\s*(?:static\s+)?(?:__device__|__managed__)\s+[^()]*?(?:;|=|\[)", re.M)
+    found = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "csrc")):
+        for name in files:
+            if name.endswith((".cu", ".cuh")):
+                with open(os.path.join(folder, name)) as f:
+                    found += [f"{name}: {m.group(0).strip()}" for m in pattern.finditer(f.read())]
+    assert not found, found
+
+
+def test_seq_lens_never_wrap_past_int32(cpu_backend):
+    # Without caches no slot bound applies: the int32 range of seq_lens is the bound.
+    top = 2**31 - 1
+    seq_lens = torch.tensor([top - 3, 5], dtype=torch.int32)
+    path = torch.tensor([[0, 1, 2, 3], [0, 1, -1, -1]])
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match=r"accepted_path\[0, 3\].*seq_lens\[0\]"):
+        specdec_ops.kv_commit([], seq_lens, path, backend=cpu_backend)
+    assert seq_lens.tolist() == [top - 3, 5]
+    path[0, 3] = -1
+    specdec_ops.kv_commit([], seq_lens, path, backend=cpu_backend)
+    assert seq_lens.tolist() == [top, 7]
+    if cpu_backend == "triton":  # the GPU rule: the path ends at the int32 bound
+        seq_lens = torch.tensor([top - 3], dtype=torch.int32)
+        torch.ops.specdec.kv_commit_triton.default([], seq_lens, torch.tensor([[0, 1, 2, 3, 4]]), None)
+        assert seq_lens.tolist() == [top]
+
+
+def test_cache_on_the_meta_device_is_refused(cpu_backend):
+    # Defect: one meta cache made the dispatcher route the whole call to the fake impl,
+    # which did nothing: no error, no commit.
+    caches, seq_lens, path, _ = _case_for_errors()
+    lens_before = seq_lens.clone()
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match=r"caches\[1\] must be on the same device"):
+        specdec_ops.kv_commit([caches[0], caches[1].to("meta")], seq_lens, path, backend=cpu_backend)
+    assert torch.equal(seq_lens, lens_before)
+    with pytest.raises(ValueError, match=r"caches\[0\] must be on the same device"):
+        torch.ops.specdec.kv_commit.default([caches[0].to("meta")], seq_lens, path, None)
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 
@@ -311,14 +411,51 @@ def test_bad_arguments_name_the_argument(cpu_backend, mutate, name):
     caches, seq_lens, path, _ = _case_for_errors()
     args = dict(caches=caches, seq_lens=seq_lens, accepted_path=path, block_table=None)
     mutate(args)
-    with pytest.raises((ValueError, TypeError, RuntimeError), match=name):
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match=name):
         specdec_ops.kv_commit(args["caches"], args["seq_lens"], args["accepted_path"],
                               block_table=args["block_table"], backend=cpu_backend)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_value_errors_identical_on_every_backend(layout):
+    # The Python value checks (reference, triton on CPU) and the C++ ones (cpu) raise the same
+    # message for the same bad element, or all accept the path and commit the same result.
+    rng = random.Random(7)
+    gen = torch.Generator().manual_seed(7)
+    raised = 0
+    for trial in range(150):
+        caches, _, seq_lens, path, table = make_case(layout, torch.float32, seed=trial % 5)
+        rows = []
+        for _ in range(path.shape[0]):
+            row = [0]
+            while len(row) < rng.randint(1, path.shape[1]):
+                row.append(row[-1] + rng.randint(1, 2))
+            row += [-1] * (path.shape[1] - len(row))
+            rows.append([rng.choice([-1, -2, 0, 1, 3, 8, 13, 19, 25]) if rng.random() < 0.05 else a for a in row])
+        path = torch.tensor(rows)
+        seq_lens = torch.tensor([rng.choice([-1, 0, 3, 9, 14] + [2] * 15) for _ in range(seq_lens.shape[0])],
+                                dtype=torch.int32)
+        if table is not None and rng.random() < 0.3:
+            table.view(-1)[torch.randint(0, table.numel(), (2,), generator=gen)] = rng.choice([-1, 99])
+        outcomes = []
+        for backend in ("cpu", "reference") + (("triton",) if HAS_TRITON and trial % 10 == 0 else ()):
+            mine, lens = [c.clone() for c in caches], seq_lens.clone()
+            try:
+                specdec_ops.kv_commit(mine, lens, path, block_table=table, backend=backend)
+                outcomes.append(("ok", lens.tolist(), [bits(c) for c in mine]))
+            except specdec_ops.SpecDecArgumentError as exc:
+                outcomes.append(("error", str(exc), None))
+        raised += outcomes[0][0] == "error"
+        for other in outcomes[1:]:
+            assert other[:2] == outcomes[0][:2], (path, seq_lens, table)
+            if other[2] is not None:
+                assert all(torch.equal(x, y) for x, y in zip(other[2], outcomes[0][2]))
+    assert 30 < raised < 140  # both outcomes are exercised
+
+
 def test_native_op_checks_too():
     caches, seq_lens, path, _ = _case_for_errors()
-    with pytest.raises(RuntimeError, match="seq_lens must be int32"):
+    with pytest.raises(TypeError, match="seq_lens must be int32"):  # a dtype: TypeError, like torch's own
         torch.ops.specdec.kv_commit.default(caches, seq_lens.long(), path, None)
     with pytest.raises(ValueError, match=r"caches\[1\] must have the S"):
         torch.ops.specdec.kv_commit.default([caches[0], caches[1][:, :8]], seq_lens, path, None)
@@ -456,6 +593,50 @@ def test_cuda_many_caches_and_wide_paths():
     specdec_ops.kv_commit(*gpu[:3], backend="cuda")
     torch.cuda.synchronize()
     assert_committed(gpu[0], expected, gpu[1].cpu(), expected_lens)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_cuda_many_streams_at_once(backend):
+    # More streams than the old ticket rows (32), each committing its own batch at once.
+    if backend == "triton" and not HAS_TRITON:
+        pytest.skip("needs triton")
+    cases = [make_case("paged", torch.bfloat16, batch=3, seed=100 + k) for k in range(40)]
+    streams = [torch.cuda.Stream() for _ in cases]
+    gpus = [_to_cuda(c[0], c[2], c[3], c[4]) for c in cases]
+    torch.cuda.synchronize()
+    for stream, gpu in zip(streams, gpus):
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # two commits in a row on one stream: the second reads the first's seq_lens
+                specdec_ops.kv_commit(*gpu[:3], block_table=gpu[3], backend=backend)
+    torch.cuda.synchronize()
+    for (caches, _, seq_lens, path, table), gpu in zip(cases, gpus):
+        for _ in range(2):
+            reference.kv_commit(caches, seq_lens, path, block_table=table)
+        assert torch.equal(gpu[1].cpu(), seq_lens)
+        for c, g in zip(caches, gpu[0]):
+            assert torch.equal(bits(g).cpu(), bits(c))
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replayed_on_another_stream():
+    caches, _, seq_lens, path, table = make_case("paged", torch.bfloat16, batch=4, seed=85)
+    g_caches, g_lens, g_path, g_table = _to_cuda(caches, seq_lens, path, table)
+    specdec_ops.kv_commit(g_caches, g_lens, g_path, block_table=g_table, backend="cuda")  # warm up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        specdec_ops.kv_commit(g_caches, g_lens, g_path, block_table=g_table, backend="cuda")
+    for c, g in zip(caches, g_caches):
+        g.copy_(c)
+    g_lens.copy_(seq_lens)
+    expected, expected_lens = gather_expected(caches, seq_lens, path, table)
+    other = torch.cuda.Stream()
+    other.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(other):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert_committed(g_caches, expected, g_lens.cpu(), expected_lens)
 
 
 @pytest.mark.cuda

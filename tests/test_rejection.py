@@ -8,7 +8,8 @@ import torch
 
 import specdec_ops
 from specdec_ops import reference
-from specdec_ops._checks import BackendUnavailableError
+from specdec_ops._checks import BackendUnavailableError, rng_inputs
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import HAS_TRITON, compile_ahead_of_time
 
@@ -174,6 +175,49 @@ def test_default_seeds_and_offsets():
     assert_same(a, b)
 
 
+class _RecordOps(TorchDispatchMode):
+    """The aten ops a call runs, with their arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((str(func), args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def test_default_seeds_are_drawn_on_the_device():
+    # Defect: seeds=None drew on the host and copied to the GPU each call (a blocking
+    # host-to-device copy that also breaks graph capture). Off the CPU the draw happens on
+    # the device: no copy between devices (shown on the meta device).
+    with _RecordOps() as record:
+        seeds, offsets = rng_inputs(None, None, 3, torch.device("meta"), "target_probs")
+    assert seeds.device.type == "meta" and seeds.dtype == torch.int64 and offsets.device.type == "meta"
+    copies = [name for name, args, kwargs in record.calls if "lift_fresh" in name
+              or (name.startswith("aten._to_copy") and kwargs.get("device", args[0].device) != args[0].device)]
+    assert not copies, copies
+    cpu_seeds, _ = rng_inputs(None, None, 3, torch.device("cpu"), "target_probs")  # CPU: the host generator
+    assert cpu_seeds.device.type == "cpu"
+
+
+def test_default_seeds_are_refused_under_cuda_graph_capture(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match="seeds=None.*CUDA graph capture"):
+        rng_inputs(None, None, 2, torch.device("cuda"), "target_probs")
+
+
+@pytest.mark.cuda
+def test_default_seeds_under_capture_are_refused_by_the_op():
+    p = torch.softmax(torch.randn(2, 2, 16, device="cuda"), -1)
+    ids, n = torch.zeros(2, 1, dtype=torch.int64, device="cuda"), torch.ones(2, dtype=torch.int64, device="cuda")
+    specdec_ops.rejection_sample(p, ids, n, seeds=torch.zeros(2, dtype=torch.int64, device="cuda"))  # warm up
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match="seeds=None"):
+        with torch.cuda.graph(graph):
+            specdec_ops.rejection_sample(p, ids, n)
+
+
 # ------------------------------------------------------------------------------------------ semantics
 
 
@@ -228,6 +272,50 @@ def test_nan_and_negative_probabilities_count_as_zero(cpu_backend):
     assert ((emitted >= 0) & (emitted < vocab)).all()
     assert not ((out.token_ids == 3) | (out.token_ids == 5)).any()
     assert out.token_ids[1].tolist() == [0, -1, -1]  # no mass anywhere: rejected, first index
+
+
+def test_draft_with_zero_target_and_draft_mass_is_rejected(cpu_backend):
+    # Accept iff u * q(x) < p(x), strictly: x with p(x) = q(x) = 0 must be rejected whatever u
+    # (the mutant `u * q(x) <= p(x)` accepts it). The residual max(p - q, 0) has no mass, so the
+    # correction is drawn from p: token 1 or 2. Padded and packed.
+    batch = 16
+    p = torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]]).expand(batch, 2, 3).contiguous()
+    q = torch.tensor([[0.0, 0.5, 0.5]]).expand(batch, 1, 3).contiguous()
+    args = dict(target_probs=p, draft_token_ids=torch.zeros(batch, 1, dtype=torch.int64),
+                num_draft_tokens=torch.ones(batch, dtype=torch.int64), draft_probs=q,
+                seeds=torch.arange(batch), offsets=torch.arange(batch) * 7)
+    for out in (call(args, cpu_backend), call_packed(to_packed(args), cpu_backend, k=1)):
+        assert (out.num_accepted == 0).all()
+        assert ((out.token_ids[:, 0] == 1) | (out.token_ids[:, 0] == 2)).all()
+        assert (out.token_ids[:, 1] == -1).all()
+        assert_same(out, call(args, "reference"))
+
+
+def test_nan_and_negative_draft_probs_count_as_zero(cpu_backend):
+    # DESIGN §4: NaN or negative probabilities count as zero mass, in draft_probs too. A draft x
+    # with q(x) = NaN has q(x) = 0: accepted whatever u iff p(x) > 0, and the residual
+    # max(p - q, 0) uses q = 0 there (so a rejected x with p(x) = 0 is never the correction).
+    batch, k, vocab = 24, 3, 12
+    gen = torch.Generator().manual_seed(41)
+    p = torch.softmax(torch.randn(batch, k + 1, vocab, generator=gen), -1)
+    q = torch.softmax(torch.randn(batch, k, vocab, generator=gen), -1)
+    ids = torch.randint(0, vocab, (batch, k), generator=gen)
+    rows = torch.arange(batch)
+    q[rows, 0, ids[:, 0]] = float("nan")                   # every first draft has q(x) = NaN
+    q[:, :, 7] = -0.25                                      # negative entries elsewhere
+    q[rows[::3], 1] = float("nan")                          # whole NaN rows
+    dead = rows % 2 == 1
+    p[rows[dead], 0, ids[dead, 0]] = 0.0                    # odd requests: p(x) = 0 at the first draft
+    args = dict(target_probs=p, draft_token_ids=ids, num_draft_tokens=torch.full((batch,), k), draft_probs=q,
+                seeds=torch.arange(batch) + 100, offsets=torch.zeros(batch, dtype=torch.int64))
+    out = call(args, cpu_backend)
+    assert_same(out, call(args, "reference"))
+    assert_same(call_packed(to_packed(args), cpu_backend, k=k), out)
+    emitted = out.token_ids[out.token_ids >= 0]
+    assert ((emitted >= 0) & (emitted < vocab)).all()
+    assert (out.num_accepted[~dead] >= 1).all()             # q(x) = NaN, p(x) > 0: accepted
+    assert (out.num_accepted[dead] == 0).all()              # q(x) = NaN, p(x) = 0: rejected ...
+    assert (out.token_ids[dead, 0] != ids[dead, 0]).all()   # ... and x is not the correction
 
 
 def test_zero_drafts_emit_the_bonus_token(cpu_backend):
@@ -420,7 +508,7 @@ def test_op_level_checks_raise_value_error_naming_element():
     with pytest.raises(ValueError, match=r"draft_token_ids.*99"):
         torch.ops.specdec.rejection_sample(args["target_probs"], args["draft_token_ids"], args["num_draft_tokens"],
                                            args["draft_probs"], args["seeds"], args["offsets"], None)
-    with pytest.raises(RuntimeError, match="num_draft_tokens"):
+    with pytest.raises(ValueError, match="num_draft_tokens"):  # a shape: ValueError
         torch.ops.specdec.rejection_sample(args["target_probs"], args["draft_token_ids"], args["seeds"][:1],
                                            None, args["seeds"], args["offsets"], None)
 

@@ -126,7 +126,7 @@ def test_build_tree_argument_errors_name_the_argument(backend):
 
 
 def test_build_tree_native_op_checks_and_empty_shapes():
-    with pytest.raises(RuntimeError, match="parents"):
+    with pytest.raises(ValueError, match="parents must be 2-D"):  # a shape: ValueError, as every op's checks
         torch.ops.specdec.build_tree(torch.tensor([-1, 0]), None)
     mask, depth = torch.ops.specdec.build_tree(torch.empty(0, 5, dtype=torch.int64), None)
     assert mask.shape == (0, 5, 1) and depth.shape == (0, 5)
@@ -249,6 +249,38 @@ def test_topk_grid_to_parents_random_selections():
     specdec_ops.build_tree(parents)  # valid parents (raises otherwise)
 
 
+def test_topk_grid_to_parents_makes_no_host_to_device_copy(monkeypatch):
+    # Defect: it built a device tensor from a Python list (a host-to-device copy, a sync on
+    # the GPU) although its docstring promises none. Shown on the meta device: no tensor from
+    # host data, no copy between devices, no read of a value on the host.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            moves = func.__name__.startswith("_to_copy") and kwargs.get("device", args[0].device) != args[0].device
+            self.names.append(str(func) + ("(device)" if moves else ""))
+            return func(*args, **kwargs)
+
+    beams = torch.tensor([[[0, 1], [2, 3]]])
+    selected = torch.tensor([[0, 1, 3, 4, 7]])
+    meta_selected, meta_beams = selected.to("meta"), beams.to("meta")
+    from_host = []
+    real_tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: from_host.append(a) or real_tensor(*a, **k))
+    with Record() as record:
+        parents, grid_index = topk_grid_to_parents(meta_selected, meta_beams, 2)
+    assert parents.device.type == "meta" and not from_host
+    syncing = [n for n in record.names if "(device)" in n or "_local_scalar_dense" in n or "nonzero" in n]
+    assert not syncing, syncing
+    # grid 0, 1: step 0; 3 = beam 0's child 1, 4 = beam 1's child 0; 7 = child 1 of beam 0 of step 2 (grid 4)
+    assert topk_grid_to_parents(selected, beams, 2)[0].tolist() == [[-1, 0, 0, 1, 2, 4]]
+
+
 def test_topk_grid_to_parents_hand_example_and_errors():
     # topk 2, 3 steps. Step 0: candidates 0, 1. Step 1 beams = step-0 candidates [1, 0]:
     # flat 2, 3 are children of 1; 4, 5 children of 0. Step 2 beams = step-1 locals [3, 0] (flat 5, 2):
@@ -307,3 +339,18 @@ def test_tree_attention_bias_argument_errors():
         specdec_ops.tree_attention_bias(info.mask, torch.tensor([0]), -1)
     with pytest.raises(ValueError, match="dtype"):
         specdec_ops.tree_attention_bias(info.mask, torch.tensor([0]), 4, torch.int32)
+
+
+def test_tree_attention_bias_refuses_negative_prefix_lens_on_cpu():
+    # Defect: a negative prefix length gave rows of -inf only (NaN out of SDPA).
+    info = specdec_ops.build_tree(torch.tensor([[-1, 0, 0]]))
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match=r"prefix_lens\[0\] = -1"):
+        specdec_ops.tree_attention_bias(info.mask, torch.tensor([-1]), 5)
+
+
+@pytest.mark.cuda
+def test_tree_attention_bias_clamps_negative_prefix_lens_on_the_gpu():
+    info = specdec_ops.build_tree(torch.tensor([[-1, 0, 0], [-1, 0, 1]], device="cuda"))
+    bias = specdec_ops.tree_attention_bias(info.mask, torch.tensor([-4, 0], device="cuda"), 5)
+    want = specdec_ops.tree_attention_bias(info.mask, torch.tensor([0, 0], device="cuda"), 5)
+    assert torch.equal(bias, want) and bool((bias == 0).any(-1).all())

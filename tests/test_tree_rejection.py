@@ -149,6 +149,90 @@ def test_nan_and_negative_probabilities_are_zero_mass(cpu_backend):
         assert bool((emitted >= 8).all())
 
 
+def _siblings_case(batch, p_root, q_root, tokens, seed=0):
+    """Root with children 1.. (tokens[0], tokens[1], ...), every node's rows p_root / q_root."""
+    nodes, vocab = len(tokens) + 1, len(p_root)
+    gen = torch.Generator().manual_seed(seed)
+    seeds, offsets = rng(batch, gen)
+    return dict(target_probs=torch.tensor(p_root).expand(batch, nodes, vocab).contiguous(),
+                tree_token_ids=torch.tensor([0] + tokens).expand(batch, nodes).contiguous(),
+                parents=torch.tensor([-1] + [0] * len(tokens)).expand(batch, nodes).contiguous(), num_nodes=None,
+                draft_probs=torch.tensor(q_root).expand(batch, nodes, vocab).contiguous(), seeds=seeds,
+                offsets=offsets, greedy=None)
+
+
+def test_child_with_zero_target_and_draft_mass_is_rejected(cpu_backend):
+    # Accept child c iff u * q_u(x_c) < p'(x_c), strictly: p(x) = q(x) = 0 must be rejected
+    # (the mutant `<=` accepts it); nothing is left of the residual, so the final token is
+    # drawn from p: 1 or 2.
+    case = _siblings_case(32, [0.0, 0.5, 0.5], [0.0, 0.5, 0.5], [0], seed=11)
+    out = run(case, cpu_backend)
+    assert_same(out, run(case, "reference"))
+    assert (out.num_accepted == 0).all() and (out.accepted_path[:, 1] == -1).all()
+    assert ((out.token_ids[:, 0] == 1) | (out.token_ids[:, 0] == 2)).all()
+
+
+def test_second_sibling_sees_the_normalized_residual(cpu_backend):
+    # Child 1 (token 0, p(0) = 0) is always rejected, so child 2 is always tried, against the
+    # normalized residual p' = norm(max(p - q, 0)) = norm([0, .1, .4]) = [0, .2, .8]: accept iff
+    # u * q(1) = u * .2 < .2, i.e. always. Without the normalizer update (p' = [0, .1, .4])
+    # it would be accepted only when u < .5.
+    case = _siblings_case(64, [0.0, 0.3, 0.7], [0.5, 0.2, 0.3], [0, 1], seed=12)
+    out = run(case, cpu_backend)
+    assert_same(out, run(case, "reference"))
+    assert out.accepted_path[:, :2].tolist() == [[0, 2]] * 64
+    assert (out.num_accepted == 1).all() and (out.token_ids[:, 0] == 1).all()
+
+
+@pytest.mark.parametrize("draft", [True, False], ids=["draft_probs", "one_hot"])
+def test_backends_match_reference_when_later_siblings_are_tried(cpu_backend, draft):
+    # Random trees whose every node's first child carries a token of zero target mass: it is
+    # rejected by construction, so every visited node with two or more children tries a second
+    # sibling after a rejection (with draft_probs, against the updated residual).
+    batch, vocab = 48, 16
+    gen = torch.Generator().manual_seed(13)
+    parents = [-1, 0, 0, 0, 2, 2, 3, 3, 5, 5]  # first children: 1 (of 0), 4 (of 2), 6 (of 3), 8 (of 5)
+    nodes = len(parents)
+    first_children = {1: 0, 4: 2, 6: 3, 8: 5}
+    p = torch.softmax(torch.randn(batch, nodes, vocab, generator=gen) * 3, -1)
+    q = torch.softmax(torch.randn(batch, nodes, vocab, generator=gen), -1)
+    tokens = torch.randint(0, vocab, (batch, nodes), generator=gen)
+    parent_argmax = p.argmax(-1)[:, [max(u, 0) for u in parents]]
+    tokens = torch.where(torch.rand(batch, nodes, generator=gen) < 0.5, parent_argmax, tokens)  # likely accepted
+    tokens[:, 0] = 0
+    rows = torch.arange(batch)
+    for child, parent in first_children.items():
+        p[rows, parent, tokens[:, child]] = 0.0
+    p = p / p.sum(-1, keepdim=True)
+    seeds, offsets = rng(batch, gen)
+    case = dict(target_probs=p, tree_token_ids=tokens, parents=torch.tensor(parents).expand(batch, nodes).contiguous(),
+                num_nodes=None, draft_probs=q if draft else None, seeds=seeds, offsets=offsets, greedy=None)
+    want = run(case, "reference")
+    assert_same(run(case, cpu_backend), want)
+    check_structure(want, case["parents"], tokens, vocab)
+    assert not (want.accepted_path == 1).any()           # the first child is never accepted ...
+    assert int((want.accepted_path[:, 1] >= 2).sum()) >= batch // 4  # ... and later siblings often are
+
+
+def test_nan_draft_probs_are_zero_mass(cpu_backend):
+    # q_u(x) = NaN counts as 0: child x is accepted whatever u iff p'(x) > 0.
+    batch, vocab = 24, 10
+    case = random_case(batch=batch, nodes=5, vocab=vocab, seed=14, greedy=False, padded=False)
+    q = case["draft_probs"].clone()
+    rows = torch.arange(batch)
+    first = case["tree_token_ids"][:, 1]
+    case["parents"] = torch.tensor([-1, 0, 1, 1, 0]).expand(batch, 5).contiguous()
+    q[rows, 0, first] = float("nan")
+    q[:, 1] = float("nan")
+    q[:, :, 3] = -1.0
+    out = run(case, cpu_backend, draft_probs=q)
+    assert_same(out, run(case, "reference", draft_probs=q))
+    emitted = out.token_ids[out.token_ids >= 0]
+    assert ((emitted >= 0) & (emitted < vocab)).all()
+    alive = case["target_probs"][rows, 0, first] > 0
+    assert (out.accepted_path[alive, 1] == 1).all()  # node 1 (q = NaN at its token, p > 0) accepted
+
+
 def test_root_only_and_num_nodes_one(cpu_backend):
     case = random_case(batch=5, nodes=6, vocab=20, seed=6, padded=False)
     ones = torch.ones(5, dtype=torch.int64)

@@ -1,5 +1,8 @@
 // Argument checks shared by the torch-facing launchers. Messages name the
-// argument and what was expected (DESIGN.md §4).
+// argument and what was expected (DESIGN.md §4). Error classes, the same in every
+// op: a wrong shape, rank, device or value raises ValueError (TORCH_CHECK_VALUE), a
+// wrong dtype TypeError (TORCH_CHECK_TYPE); the Python wrappers re-raise both as
+// SpecDecArgumentError (specdec_ops/_checks.py, call_native) with the same message.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,26 +14,26 @@
 namespace specdec {
 
 inline void check_rank(const at::Tensor& t, int64_t rank, const char* name, const char* shape) {
-  TORCH_CHECK(t.dim() == rank, name, " must be ", rank, "-D ", shape, ", got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.dim() == rank, name, " must be ", rank, "-D ", shape, ", got shape ", t.sizes());
 }
 
 inline void check_size(const at::Tensor& t, int64_t dim, int64_t expected, const char* name, const char* shape) {
-  TORCH_CHECK(t.size(dim) == expected, name, " must have shape ", shape, " (size ", expected, " at dim ", dim,
+  TORCH_CHECK_VALUE(t.size(dim) == expected, name, " must have shape ", shape, " (size ", expected, " at dim ", dim,
               "), got ", t.sizes());
 }
 
 inline void check_index_dtype(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name,
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name,
               " must be int32 or int64, got ", t.scalar_type());
 }
 
 inline void check_prob_dtype(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
               name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
 }
 
 inline void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
-  TORCH_CHECK(t.device() == ref.device(), name, " must be on the same device as ", ref_name, " (", ref.device(),
+  TORCH_CHECK_VALUE(t.device() == ref.device(), name, " must be on the same device as ", ref_name, " (", ref.device(),
               "), got ", t.device());
 }
 

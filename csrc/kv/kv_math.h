@@ -38,7 +38,11 @@ enum class KVPathStatus : int {
   kOutsideCache = 5,      // slot seq_len + a_i >= S (contiguous)
   kOutsideBlocks = 6,     // slot beyond max_blocks * block_size, or its block id outside [0, num_blocks)
   kNegativeInMiddle = 7,  // a non-negative entry after the padding started (CPU check only)
+  kSeqLenOverflow = 8,    // seq_lens[b] + i + 1 > INT32_MAX: the new length would not fit seq_lens (int32)
 };
+
+// The largest committed length seq_lens (int32) can hold.
+constexpr int64_t kKVMaxSeqLen = 2147483647;
 
 // The cache geometry every cache of one call shares.
 struct KVGeometry {
@@ -76,11 +80,12 @@ SPECDEC_HD KVPathStatus kv_locate(const KVGeometry& g, int64_t b, int64_t pos, K
   return KVPathStatus::kOk;
 }
 
-// The status of entry i (value a; prev = entry i - 1, which is valid) of request b's path,
-// and on kOk the source (seq_len + a) and destination (seq_len + i) slot addresses.
-// Overflow-free for any int64 a: a is compared with the capacity before seq_len is added.
-SPECDEC_HD KVPathStatus kv_path_entry(const KVGeometry& g, int64_t b, int64_t seq_len, int64_t i, int64_t a,
-                                      int64_t prev, KVSlotAddr* src, KVSlotAddr* dst) {
+// The checks of entry i (value a; prev = entry i - 1, which is valid) that need no
+// memory beyond the path: seq_len, the root, the padding, the order, the capacity
+// and the int32 range of the new length. Overflow-free for any int64 a: a is
+// compared with the capacity before seq_len is added.
+SPECDEC_HD KVPathStatus kv_path_entry_rule(const KVGeometry& g, int64_t seq_len, int64_t i, int64_t a,
+                                           int64_t prev) {
   if (seq_len < 0) return KVPathStatus::kBadSeqLen;
   if (i == 0) {
     if (a != 0) return KVPathStatus::kFirstNotZero;
@@ -88,12 +93,38 @@ SPECDEC_HD KVPathStatus kv_path_entry(const KVGeometry& g, int64_t b, int64_t se
     if (a < 0) return KVPathStatus::kEnd;
     if (a <= prev) return KVPathStatus::kNotIncreasing;
   }
-  if (a >= g.capacity || i >= g.capacity) {
+  if (a >= g.capacity || i >= g.capacity || a >= g.capacity - seq_len || i >= g.capacity - seq_len) {
     return g.block_table != nullptr ? KVPathStatus::kOutsideBlocks : KVPathStatus::kOutsideCache;
   }
-  KVPathStatus s = kv_locate(g, b, seq_len + a, src);
+  if (i >= kKVMaxSeqLen - seq_len) return KVPathStatus::kSeqLenOverflow;
+  return KVPathStatus::kOk;
+}
+
+// The status of entry i of request b's path (kv_path_entry_rule, then the block
+// table), and on kOk the source (seq_len + a) and destination (seq_len + i) slot addresses.
+SPECDEC_HD KVPathStatus kv_path_entry(const KVGeometry& g, int64_t b, int64_t seq_len, int64_t i, int64_t a,
+                                      int64_t prev, KVSlotAddr* src, KVSlotAddr* dst) {
+  const KVPathStatus s = kv_path_entry_rule(g, seq_len, i, a, prev);
   if (s != KVPathStatus::kOk) return s;
+  const KVPathStatus t = kv_locate(g, b, seq_len + a, src);
+  if (t != KVPathStatus::kOk) return t;
   return kv_locate(g, b, seq_len + i, dst);
+}
+
+// Whether request b's commit moves nothing, decided from the path alone (no block
+// table read): no entry before the first one failing kv_path_entry_rule has a_i != i.
+// Sound by the argument at the top: kv_scan_path's first_move == length whenever it
+// returns true.
+SPECDEC_HD bool kv_path_moves_nothing(const KVGeometry& g, const void* path, bool path_i64, int64_t row_offset,
+                                      int64_t max_path, int64_t seq_len) {
+  int64_t prev = -1;
+  for (int64_t i = 0; i < max_path; ++i) {
+    const int64_t a = kv_load_index(path, path_i64, row_offset + i);
+    if (kv_path_entry_rule(g, seq_len, i, a, prev) != KVPathStatus::kOk) return true;
+    if (a != i) return false;
+    prev = a;
+  }
+  return true;
 }
 
 // The valid prefix of a path: entries [0, length) are committed, entries
@@ -182,11 +213,13 @@ SPECDEC_HD int64_t kv_units_per_head(const KVCacheDesc& c) {
 
 SPECDEC_HD int64_t kv_units_per_slot(const KVCacheDesc& c) { return c.num_heads * kv_units_per_head(c); }
 
-// Byte offset of copy unit u (0 <= u < kv_units_per_slot) inside a slot.
+// Byte offset of copy unit u (0 <= u < kv_units_per_slot) inside a slot. The op
+// checks num_heads * head_dim * elem_size < 2^31, so the division is a 32-bit one.
 SPECDEC_HD int64_t kv_unit_offset(const KVCacheDesc& c, int64_t u) {
-  const int64_t per_head = kv_units_per_head(c);
-  const int64_t h = u / per_head, r = u - h * per_head;
-  return h * c.stride_head + (kv_dense_rows(c) ? r * c.unit_bytes : r * c.stride_dim);
+  const uint32_t per_head = static_cast<uint32_t>(kv_units_per_head(c));
+  const uint32_t h = static_cast<uint32_t>(u) / per_head, r = static_cast<uint32_t>(u) - h * per_head;
+  return static_cast<int64_t>(h) * c.stride_head +
+         static_cast<int64_t>(r) * (kv_dense_rows(c) ? c.unit_bytes : c.stride_dim);
 }
 
 SPECDEC_HD int64_t kv_slot_offset(const KVCacheDesc& c, KVSlotAddr a) {

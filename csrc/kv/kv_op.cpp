@@ -1,6 +1,8 @@
-// torch glue of specdec::kv_commit: argument checks, CPU value checks (ValueError
-// naming accepted_path / seq_lens and the bad element), and dispatch to the CPU
-// kernel or the CUDA launcher. The moves happen in place in every cache.
+// torch glue of specdec::kv_commit: argument checks (ValueError for shapes, devices
+// and values, TypeError for dtypes; the Python wrapper re-raises both as
+// SpecDecArgumentError), CPU value checks naming accepted_path / seq_lens and the
+// bad element, and dispatch to the CPU kernel or the CUDA launcher. The moves
+// happen in place in every cache.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -58,6 +60,9 @@ void check_values_cpu(const KVCommitParams& p) {
                           " = ", seq_len + a, " outside request ", b, "'s blocks (block_table row ", b,
                           ": max_blocks * block_size = ", p.geometry.capacity, " slots, block ids in [0, ",
                           p.geometry.num_blocks, "))");
+      case KVPathStatus::kSeqLenOverflow:
+        TORCH_CHECK_VALUE(false, "accepted_path[", b, ", ", i, "] = ", a, " would advance seq_lens[", b, "] = ", seq_len,
+                          " to ", seq_len + i + 1, ", past the int32 range (", kKVMaxSeqLen, ")");
       case KVPathStatus::kNegativeInMiddle:
         TORCH_CHECK_VALUE(false, "accepted_path[", b, ", ", i, "] = ", a,
                           " follows the -1 padding (negative entries may only end a path)");
@@ -73,9 +78,10 @@ void check_values_cpu(const KVCommitParams& p) {
 void kv_commit(at::TensorList caches, const at::Tensor& seq_lens, const at::Tensor& accepted_path,
                const std::optional<at::Tensor>& block_table) {
   check_rank(seq_lens, 1, "seq_lens", "[B]");
-  TORCH_CHECK(seq_lens.scalar_type() == at::kInt, "seq_lens must be int32, got ", seq_lens.scalar_type());
-  TORCH_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous (it is updated in place)");
+  TORCH_CHECK_TYPE(seq_lens.scalar_type() == at::kInt, "seq_lens must be int32, got ", seq_lens.scalar_type());
+  TORCH_CHECK_VALUE(seq_lens.is_contiguous(), "seq_lens must be contiguous (it is updated in place)");
   const int64_t batch = seq_lens.size(0);
+  TORCH_CHECK_VALUE(batch < (int64_t{1} << 31), "seq_lens must have fewer than 2^31 requests, got ", batch);
   check_rank(accepted_path, 2, "accepted_path", "[B, M]");
   check_size(accepted_path, 0, batch, "accepted_path", "[B, M]");
   check_index_dtype(accepted_path, "accepted_path");
@@ -116,6 +122,8 @@ void kv_commit(at::TensorList caches, const at::Tensor& seq_lens, const at::Tens
                   c.sizes());
     }
     const int64_t es = c.element_size();
+    TORCH_CHECK_VALUE(c.size(2) * c.size(3) * es < (int64_t{1} << 31), "caches[", l,
+                      "] must have fewer than 2^31 bytes per slot (H * D * element size), got shape ", c.sizes());
     KVCacheDesc d{};
     d.data = static_cast<uint8_t*>(c.mutable_data_ptr());
     d.stride0 = c.stride(0) * es;
@@ -161,7 +169,7 @@ void kv_commit(at::TensorList caches, const at::Tensor& seq_lens, const at::Tens
     const c10::cuda::CUDAGuard guard(seq_lens.device());
     C10_CUDA_CHECK(launch_kv_commit_cuda(p, at::cuda::getCurrentCUDAStream()));
 #else
-    TORCH_CHECK(false, "specdec_ops was built without CUDA kernels");
+    TORCH_CHECK(false, "specdec_ops was built without CUDA kernels");  // not an argument error: RuntimeError
 #endif
   }
 }

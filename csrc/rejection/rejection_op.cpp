@@ -21,24 +21,24 @@ void check_common(const at::Tensor& target_probs, const std::optional<at::Tensor
                   const at::Tensor& draft_token_ids, const at::Tensor& seeds, const at::Tensor& offsets,
                   const std::optional<at::Tensor>& greedy, int64_t batch) {
   check_prob_dtype(target_probs, "target_probs");
-  TORCH_CHECK(target_probs.size(-1) > 0, "target_probs must have a non-empty vocab dimension");
+  TORCH_CHECK_VALUE(target_probs.size(-1) > 0, "target_probs must have a non-empty vocab dimension");
   check_index_dtype(draft_token_ids, "draft_token_ids");
   check_same_device(draft_token_ids, target_probs, "draft_token_ids", "target_probs");
   for (auto [t, name] : {std::pair<const at::Tensor&, const char*>{seeds, "seeds"}, {offsets, "offsets"}}) {
     check_rank(t, 1, name, "[B]");
     check_size(t, 0, batch, name, "[B]");
-    TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
     check_same_device(t, target_probs, name, "target_probs");
   }
   if (draft_probs) {
-    TORCH_CHECK(draft_probs->scalar_type() == target_probs.scalar_type(), "draft_probs must have the dtype of ",
+    TORCH_CHECK_TYPE(draft_probs->scalar_type() == target_probs.scalar_type(), "draft_probs must have the dtype of ",
                 "target_probs (", target_probs.scalar_type(), "), got ", draft_probs->scalar_type());
     check_same_device(*draft_probs, target_probs, "draft_probs", "target_probs");
   }
   if (greedy) {
     check_rank(*greedy, 1, "greedy", "[B]");
     check_size(*greedy, 0, batch, "greedy", "[B]");
-    TORCH_CHECK(greedy->scalar_type() == at::kBool, "greedy must be bool, got ", greedy->scalar_type());
+    TORCH_CHECK_TYPE(greedy->scalar_type() == at::kBool, "greedy must be bool, got ", greedy->scalar_type());
     check_same_device(*greedy, target_probs, "greedy", "target_probs");
   }
 }
@@ -130,9 +130,9 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(const at::Tensor& target_pro
                                                     const std::optional<at::Tensor>& greedy) {
   check_rank(target_probs, 3, "target_probs", "[B, K+1, V]");
   const int64_t batch = target_probs.size(0), max_draft = target_probs.size(1) - 1, vocab = target_probs.size(2);
-  TORCH_CHECK(max_draft >= 0, "target_probs must have K+1 >= 1 rows per request, got shape ", target_probs.sizes());
+  TORCH_CHECK_VALUE(max_draft >= 0, "target_probs must have K+1 >= 1 rows per request, got shape ", target_probs.sizes());
   check_rank(draft_token_ids, 2, "draft_token_ids", "[B, K]");
-  TORCH_CHECK(draft_token_ids.size(0) == batch && draft_token_ids.size(1) == max_draft,
+  TORCH_CHECK_VALUE(draft_token_ids.size(0) == batch && draft_token_ids.size(1) == max_draft,
               "draft_token_ids must have shape [B, K] = [", batch, ", ", max_draft, "], got ", draft_token_ids.sizes());
   check_rank(num_draft_tokens, 1, "num_draft_tokens", "[B]");
   check_size(num_draft_tokens, 0, batch, "num_draft_tokens", "[B]");
@@ -140,7 +140,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(const at::Tensor& target_pro
   check_same_device(num_draft_tokens, target_probs, "num_draft_tokens", "target_probs");
   if (draft_probs) {
     check_rank(*draft_probs, 3, "draft_probs", "[B, K, V]");
-    TORCH_CHECK(draft_probs->size(0) == batch && draft_probs->size(1) == max_draft && draft_probs->size(2) == vocab,
+    TORCH_CHECK_VALUE(draft_probs->size(0) == batch && draft_probs->size(1) == max_draft && draft_probs->size(2) == vocab,
                 "draft_probs must have shape [B, K, V] = [", batch, ", ", max_draft, ", ", vocab, "], got ",
                 draft_probs->sizes());
   }
@@ -155,22 +155,22 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_packed(
     const std::optional<at::Tensor>& greedy, int64_t max_num_draft_tokens) {
   check_rank(target_probs, 2, "target_probs", "[T + B, V]");
   check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]");
-  TORCH_CHECK(cu_num_draft_tokens.size(0) >= 1, "cu_num_draft_tokens must have shape [B + 1], got ",
+  TORCH_CHECK_VALUE(cu_num_draft_tokens.size(0) >= 1, "cu_num_draft_tokens must have shape [B + 1], got ",
               cu_num_draft_tokens.sizes());
   check_index_dtype(cu_num_draft_tokens, "cu_num_draft_tokens");
   check_same_device(cu_num_draft_tokens, target_probs, "cu_num_draft_tokens", "target_probs");
   const int64_t batch = cu_num_draft_tokens.size(0) - 1;
   check_rank(draft_token_ids, 1, "draft_token_ids", "[T]");
   const int64_t total = draft_token_ids.size(0);
-  TORCH_CHECK(target_probs.size(0) == total + batch, "target_probs must have T + B = ", total + batch,
+  TORCH_CHECK_VALUE(target_probs.size(0) == total + batch, "target_probs must have T + B = ", total + batch,
               " rows (T = ", total, " draft tokens, B = ", batch, " requests), got shape ", target_probs.sizes());
   if (draft_probs) {
     check_rank(*draft_probs, 2, "draft_probs", "[T, V]");
-    TORCH_CHECK(draft_probs->size(0) == total && draft_probs->size(1) == target_probs.size(1),
+    TORCH_CHECK_VALUE(draft_probs->size(0) == total && draft_probs->size(1) == target_probs.size(1),
                 "draft_probs must have shape [T, V] = [", total, ", ", target_probs.size(1), "], got ",
                 draft_probs->sizes());
   }
-  TORCH_CHECK(max_num_draft_tokens >= 0, "max_num_draft_tokens must be >= 0, got ", max_num_draft_tokens);
+  TORCH_CHECK_VALUE(max_num_draft_tokens >= 0, "max_num_draft_tokens must be >= 0, got ", max_num_draft_tokens);
   check_common(target_probs, draft_probs, draft_token_ids, seeds, offsets, greedy, batch);
   return run(target_probs, draft_token_ids, cu_num_draft_tokens, draft_probs, seeds, offsets, greedy, batch,
              max_num_draft_tokens, /*packed=*/true, "cu_num_draft_tokens");

@@ -23,13 +23,13 @@ void check_args(const at::Tensor& target_probs, const at::Tensor& tree_token_ids
   check_rank(target_probs, 3, "target_probs", "[B, N, V]");
   check_prob_dtype(target_probs, "target_probs");
   const int64_t batch = target_probs.size(0), nodes = target_probs.size(1), vocab = target_probs.size(2);
-  TORCH_CHECK(nodes >= 1, "target_probs must have N >= 1 nodes (node 0 is the root), got shape ",
+  TORCH_CHECK_VALUE(nodes >= 1, "target_probs must have N >= 1 nodes (node 0 is the root), got shape ",
               target_probs.sizes());
-  TORCH_CHECK(vocab > 0, "target_probs must have a non-empty vocab dimension V");
+  TORCH_CHECK_VALUE(vocab > 0, "target_probs must have a non-empty vocab dimension V");
   for (auto [t, name] : {std::pair<const at::Tensor&, const char*>{tree_token_ids, "tree_token_ids"},
                          {parents, "parents"}}) {
     check_rank(t, 2, name, "[B, N]");
-    TORCH_CHECK(t.size(0) == batch && t.size(1) == nodes, name, " must have shape [B, N] = [", batch, ", ", nodes,
+    TORCH_CHECK_VALUE(t.size(0) == batch && t.size(1) == nodes, name, " must have shape [B, N] = [", batch, ", ", nodes,
                 "], got ", t.sizes());
     check_index_dtype(t, name);
     check_same_device(t, target_probs, name, "target_probs");
@@ -42,22 +42,22 @@ void check_args(const at::Tensor& target_probs, const at::Tensor& tree_token_ids
   }
   if (draft_probs) {
     check_rank(*draft_probs, 3, "draft_probs", "[B, N, V]");
-    TORCH_CHECK(draft_probs->sizes() == target_probs.sizes(), "draft_probs must have shape [B, N, V] = ",
+    TORCH_CHECK_VALUE(draft_probs->sizes() == target_probs.sizes(), "draft_probs must have shape [B, N, V] = ",
                 target_probs.sizes(), ", got ", draft_probs->sizes());
-    TORCH_CHECK(draft_probs->scalar_type() == target_probs.scalar_type(), "draft_probs must have the dtype of ",
+    TORCH_CHECK_TYPE(draft_probs->scalar_type() == target_probs.scalar_type(), "draft_probs must have the dtype of ",
                 "target_probs (", target_probs.scalar_type(), "), got ", draft_probs->scalar_type());
     check_same_device(*draft_probs, target_probs, "draft_probs", "target_probs");
   }
   for (auto [t, name] : {std::pair<const at::Tensor&, const char*>{seeds, "seeds"}, {offsets, "offsets"}}) {
     check_rank(t, 1, name, "[B]");
     check_size(t, 0, batch, name, "[B]");
-    TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
     check_same_device(t, target_probs, name, "target_probs");
   }
   if (greedy) {
     check_rank(*greedy, 1, "greedy", "[B]");
     check_size(*greedy, 0, batch, "greedy", "[B]");
-    TORCH_CHECK(greedy->scalar_type() == at::kBool, "greedy must be bool, got ", greedy->scalar_type());
+    TORCH_CHECK_TYPE(greedy->scalar_type() == at::kBool, "greedy must be bool, got ", greedy->scalar_type());
     check_same_device(*greedy, target_probs, "greedy", "target_probs");
   }
 }

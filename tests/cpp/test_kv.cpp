@@ -121,8 +121,114 @@ static void test_schedule_equals_gather() {
   }
 }
 
+// The int32 range of seq_lens bounds a path when no cache does (no caches: capacity 2^62).
+static void test_seq_len_overflow() {
+  const KVGeometry g = contiguous(int64_t{1} << 62);
+  const int64_t top = kKVMaxSeqLen;
+  CHECK(kv_path_entry_rule(g, top - 3, 2, 2, 1) == KVPathStatus::kOk);         // new length top
+  CHECK(kv_path_entry_rule(g, top - 3, 3, 3, 2) == KVPathStatus::kSeqLenOverflow);
+  CHECK(kv_path_entry_rule(g, top, 0, 0, -1) == KVPathStatus::kSeqLenOverflow);  // not even the root fits
+  KVPathScan s = scan(g, {0, 1, 2, 3, 4}, top - 3);
+  CHECK(s.length == 3 && s.status == KVPathStatus::kSeqLenOverflow && s.bad_index == 3);
+  s = scan(g, {0, 5, 9}, top - 10);  // a large offset is fine while the new length fits
+  CHECK(s.length == 3 && s.status == KVPathStatus::kOk);
+}
+
+// A random path: a strictly increasing prefix (identity for a while, then jumps), sometimes
+// broken by a bad entry, then -1 padding.
+static std::vector<int64_t> random_path(std::mt19937& rng, int64_t width) {
+  std::vector<int64_t> path;
+  int64_t a = 0;
+  const int64_t identity = rng() % (width + 1);
+  for (int64_t i = 0; i < width; ++i) {
+    if (i > 0) a += i < identity ? 1 : 1 + static_cast<int64_t>(rng() % 3);
+    path.push_back(a);
+  }
+  const int64_t cut = rng() % (width + 1);
+  for (int64_t i = cut; i < width; ++i) path[i] = -1;
+  if (width > 1 && rng() % 4 == 0) path[rng() % width] = static_cast<int64_t>(rng() % 8) - 2;  // maybe bad
+  return path;
+}
+
+// kv_path_moves_nothing (the CUDA kernel's early exit, decided without the block table) is
+// sound: whenever it says nothing moves, the full scan moves nothing; and an identity path
+// (a fully accepted chain) always exits early.
+static void test_moves_nothing_is_sound() {
+  std::mt19937 rng(99);
+  int early = 0;
+  for (int trial = 0; trial < 5000; ++trial) {
+    const int64_t width = 1 + rng() % 12, seq_len = static_cast<int64_t>(rng() % 10) - 1;
+    std::vector<int32_t> table = {3, 0, static_cast<int32_t>(rng() % 2 ? 2 : -1), 1, -1};
+    const KVGeometry g = rng() % 2 ? contiguous(16) : KVGeometry{20, 4, 4, table.data(), 5, false};
+    const std::vector<int64_t> path = random_path(rng, width);
+    const KVPathScan s = kv_scan_path(g, path.data(), true, 0, width, 0, seq_len, false);
+    if (kv_path_moves_nothing(g, path.data(), true, 0, width, seq_len)) {
+      ++early;
+      CHECK(s.first_move == s.length);
+    }
+    std::vector<int64_t> chain(width, -1);
+    const int64_t m = 1 + rng() % width;
+    for (int64_t i = 0; i < m; ++i) chain[i] = i;
+    CHECK(kv_path_moves_nothing(g, chain.data(), true, 0, width, seq_len));
+  }
+  CHECK(early > 500);
+}
+
+// The CUDA kernels' chunked scan (kv_scan_chunk in kv_kernels.cu, emulated lane by lane):
+// passes of `lanes` entries, each entry's predecessor from the lane below (the last entry of
+// the previous pass for lane 0), the block-free rule for all lanes first, then the block table
+// for the lanes before the first rule failure; the path ends at the first lane failing either.
+// Must give kv_scan_path's length and moves.
+static void test_chunked_scan_equals_scan() {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 5000; ++trial) {
+    const int64_t lanes = trial % 2 ? 32 : 4;
+    const int64_t width = 1 + rng() % 80, seq_len = rng() % 6;
+    std::vector<int32_t> table(25);
+    for (auto& t : table) t = rng() % 9 == 0 ? -1 : static_cast<int32_t>(rng() % 30);
+    const KVGeometry g = rng() % 2 ? contiguous(100) : KVGeometry{100, 4, 30, table.data(), 25, false};
+    const std::vector<int64_t> path = random_path(rng, width);
+    const KVPathScan s = kv_scan_path(g, path.data(), true, 0, width, 0, seq_len, false);
+    int64_t length = 0, prev_last = -1;
+    std::vector<int64_t> moved;
+    for (int64_t base = 0;; base += lanes) {
+      std::vector<int64_t> a(lanes);
+      int64_t rule_valid = lanes;
+      for (int64_t lane = 0; lane < lanes; ++lane) {
+        const int64_t i = base + lane;
+        a[lane] = i < width ? path[i] : -1;
+        const int64_t prev = lane == 0 ? prev_last : a[lane - 1];
+        const KVPathStatus st = i < width ? kv_path_entry_rule(g, seq_len, i, a[lane], prev) : KVPathStatus::kEnd;
+        if (st != KVPathStatus::kOk && rule_valid == lanes) rule_valid = lane;
+      }
+      int64_t valid = rule_valid;
+      for (int64_t lane = 0; lane < rule_valid; ++lane) {
+        KVSlotAddr src{}, dst{};
+        if (kv_locate(g, 0, seq_len + a[lane], &src) != KVPathStatus::kOk ||
+            kv_locate(g, 0, seq_len + base + lane, &dst) != KVPathStatus::kOk) {
+          valid = lane;
+          break;
+        }
+      }
+      for (int64_t lane = 0; lane < valid; ++lane) {
+        if (a[lane] != base + lane) moved.push_back(base + lane);
+      }
+      length += valid;
+      prev_last = a[lanes - 1];
+      if (valid < lanes) break;
+    }
+    CHECK(length == s.length);
+    std::vector<int64_t> expect;
+    for (int64_t i = s.first_move; i < s.length; ++i) expect.push_back(i);
+    CHECK(moved == expect);
+  }
+}
+
 int main() {
   test_path_rule();
+  test_seq_len_overflow();
+  test_moves_nothing_is_sound();
+  test_chunked_scan_equals_scan();
   test_paged();
   test_units();
   test_schedule_equals_gather();
