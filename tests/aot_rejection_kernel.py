@@ -9,10 +9,11 @@ target = GPUTarget("cuda", 90, 32)
 names = fn.arg_names
 types = dict(target_ptr="*bf16", draft_probs_ptr="*bf16", draft_ids_ptr="*i64", lengths_ptr="*i64", seeds_ptr="*i64",
              offsets_ptr="*i64", greedy_ptr="*i1", token_ids_ptr="*i64", num_accepted_ptr="*i32",
-             vocab="i32", max_draft="i32", num_draft_rows="i32")
+             max_draft="i32", num_draft_rows="i32")
 for packed in (False, True):
     for has_q in (False, True):
-        const = dict(PACKED=packed, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=True, BLOCK_K=8, BLOCK=1024)
+        const = dict(PACKED=packed, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=True, BLOCK_K=8, BLOCK=1024,
+                     vocab=128256)
         sig = {n: "constexpr" if n in const else types[n] for n in names}
         src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()})
         triton.compile(src, target=target, options=dict(num_warps=8))

@@ -11,10 +11,11 @@ names = fn.arg_names
 types = dict(target_ptr="*bf16", draft_probs_ptr="*bf16", tokens_ptr="*i64", parents_ptr="*i64",
              num_nodes_ptr="*i64", seeds_ptr="*i64", offsets_ptr="*i64", greedy_ptr="*i1",
              normalizers_ptr="*fp32", zeroed_ptr="*i32", token_ids_ptr="*i64", accepted_path_ptr="*i32",
-             num_accepted_ptr="*i32", nodes="i32", vocab="i32")
+             num_accepted_ptr="*i32", nodes="i32")
 for has_q in (False, True):
     for has_greedy in (False, True):
-        const = dict(HAS_NUM_NODES=has_q, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=has_greedy, BLOCK_N=64, BLOCK=1024)
+        const = dict(HAS_NUM_NODES=has_q, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=has_greedy, BLOCK_N=64, BLOCK=1024,
+                     vocab=128256)
         sig = {n: "constexpr" if n in const else types[n] for n in names}
         src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()})
         triton.compile(src, target=target, options=dict(num_warps=8))
