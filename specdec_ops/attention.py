@@ -340,6 +340,23 @@ def _interpreter_needs_while_loops() -> bool:
     return triton_interpreting() and (major, minor) < (3, 8)
 
 
+def _tile_config(dtype: torch.dtype, rows: int, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps) of tree_attention_kernel for `rows` = N * group query rows.
+
+    Chosen so that ptxas reports no spills for sm_90 (tests/aot_tree_attention_kernel.py compiles
+    these configurations): 16-bit tiles of 32 or 64 rows take 8 warps, 32-key tiles for large D;
+    float32 (IEEE dots on the FMA units, no tensor cores) keeps 16-key tiles of at most 32 rows, 16
+    from D = 128 on.
+    """
+    block_d = max(16, next_pow2(head_dim))
+    block_m = min(64, max(16, next_pow2(rows)))
+    if dtype == torch.float32:
+        return min(block_m, 32 if block_d <= 64 else 16), 16, block_d, 4
+    if block_m == 16:
+        return block_m, 64 if block_d <= 128 else 32, block_d, 4
+    return block_m, 64 if block_d <= 64 or block_m == 32 and block_d <= 128 else 32, block_d, 8
+
+
 def _num_splits(programs: int, capacity: int, device: torch.device) -> int:
     if _FORCE_NUM_SPLITS is not None:
         return _FORCE_NUM_SPLITS
@@ -363,13 +380,7 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
         return out, lse
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    block_d = max(16, next_pow2(d))
-    block_n = 64 if block_d <= 128 else 32
-    block_m = min(64, max(16, next_pow2(n * group)))
-    if q.dtype == torch.float32 and block_d >= 256:  # keep fp32 tiles well inside shared memory
-        block_m, block_n = min(block_m, 32), 16
-    elif q.dtype == torch.float32 and block_d >= 128:
-        block_n = 32
+    block_m, block_n, block_d, num_warps = _tile_config(q.dtype, n * group, d)
     m_tiles = -(-(n * group) // block_m)
     # Splits from the capacity (no host sync); the kernel shares each request's own prefix among them.
     splits = 1 if skip_prefix else _num_splits(m_tiles * batch * hk, capacity, q.device)
@@ -392,7 +403,7 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
         PAGED=paged, SKIP_PREFIX=skip_prefix,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32, WHILE_LOOPS=_interpreter_needs_while_loops(),
-        num_warps=4 if block_d <= 128 else 8, num_stages=2,
+        num_warps=num_warps, num_stages=2,
     )
     if splits > 1:
         rows = batch * n * hq
