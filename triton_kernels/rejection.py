@@ -168,7 +168,6 @@ def rejection_sample_kernel(
                          x_rejected, residual, vocab, seed, offset, accepted, HAS_DRAFT_PROBS, BLOCK)
 
     js = tl.arange(0, BLOCK_K).to(tl.int64)
-    kept = tl.load(draft_ids_ptr + draft_base + js, mask=js < accepted, other=-1)
-    out = tl.where(js < accepted, kept, tl.where(js == accepted, final, -1))
+    out = tl.where(js < accepted, x, tl.where(js == accepted, final, -1))
     tl.store(token_ids_ptr + b * (max_draft + 1) + js, out, mask=js <= max_draft)
     tl.store(num_accepted_ptr + b, accepted.to(tl.int32))
