@@ -34,9 +34,10 @@ def random_tree(batch: int, n: int, device: str):
     return specdec_ops.build_tree(parents.to(device))
 
 
-def make_inputs(batch, n, prefix, hq, hk, d, dtype, device):
+def make_inputs(batch, n, prefix, hq, hk, d, dtype, device, capacity=0):
+    """capacity: cache slots per request (at least prefix + n): a long-context cache holding a short prefix."""
     gen = torch.Generator(device=device).manual_seed(0)
-    kv_len = prefix + n
+    kv_len = max(prefix + n, capacity)
     q = torch.randn(batch, n, hq, d, dtype=dtype, device=device, generator=gen)
     k = torch.randn(batch, kv_len, hk, d, dtype=dtype, device=device, generator=gen)
     v = torch.randn(batch, kv_len, hk, d, dtype=dtype, device=device, generator=gen)
@@ -63,6 +64,9 @@ def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--capacity", type=int, default=0,
+                        help="cache slots per request (default prefix + N); e.g. --capacity 32768 with a 2k "
+                             "prefix checks that the split-KV work follows the prefix, not the cache")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -70,9 +74,9 @@ def main() -> None:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device == "cuda" else torch.float32)
     if device == "cuda":
         hq, hk, d = 32, 8, 128
-        nodes = [8, 32, 64]
-        prefixes = [1024, 32768] if args.quick else [1024, 4096, 16384, 32768]
-        batches = [1, 16]
+        nodes = [8, 16, 32, 64]
+        prefixes = [1024, 32768] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
+        batches = [1, 16, 64]  # reference shape: B = 64, N = 16, GQA 4, prefix 8k
     else:
         hq, hk, d = 8, 2, 64
         nodes = [8, 32]
@@ -86,7 +90,7 @@ def main() -> None:
         flash_attn_with_kvcache = None
 
     peak = peak_bandwidth_gbps(device)
-    cols = ["B", "N", "prefix", "tree_ms", "tree_GBps", "sdpa_bias_ms", "dense_decode_ms", "ratio_vs_decode",
+    cols = ["B", "N", "prefix", "cache", "tree_ms", "tree_GBps", "sdpa_bias_ms", "dense_decode_ms", "ratio_vs_decode",
             "speedup_vs_bias"]
     if peak:
         cols.insert(5, "pct_peak")
@@ -96,16 +100,20 @@ def main() -> None:
     print(f"# device={device} dtype={dtype} Hq={hq} Hk={hk} D={d} cpu_threads={torch.get_num_threads()}")
     with profiled_region(device):
         for batch, n, prefix in itertools.product(batches, nodes, prefixes):
-            q, k, v, prefix_lens, info = make_inputs(batch, n, prefix, hq, hk, d, dtype, device)
+            if args.capacity and args.capacity < prefix + n:
+                continue
+            q, k, v, prefix_lens, info = make_inputs(batch, n, prefix, hq, hk, d, dtype, device, args.capacity)
+            k_used, v_used = k[:, : prefix + n], v[:, : prefix + n]
             with nvtx_range(f"tree_attention B={batch} N={n} P={prefix}", device):
                 t_tree = time_fn(lambda: specdec_ops.tree_attention(q, k, v, prefix_lens, info.mask), device,
                                  repeat=repeat)
             with nvtx_range(f"sdpa_bias B={batch} N={n} P={prefix}", device):
-                t_bias = time_fn(lambda: sdpa_with_bias(q, k, v, prefix_lens, info.mask), device, repeat=repeat)
+                t_bias = time_fn(lambda: sdpa_with_bias(q, k_used, v_used, prefix_lens, info.mask), device,
+                                 repeat=repeat)
             with nvtx_range(f"dense_decode B={batch} N={n} P={prefix}", device):
-                t_dec = time_fn(lambda: dense_decode(q, k, v), device, repeat=repeat)
-            kv_bytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
-            row = dict(B=batch, N=n, prefix=prefix, tree_ms=t_tree, tree_GBps=gbps(kv_bytes, t_tree),
+                t_dec = time_fn(lambda: dense_decode(q, k_used, v_used), device, repeat=repeat)
+            kv_bytes = 2 * k_used.numel() * k.element_size() + 2 * q.numel() * q.element_size()
+            row = dict(B=batch, N=n, prefix=prefix, cache=k.shape[1], tree_ms=t_tree, tree_GBps=gbps(kv_bytes, t_tree),
                        sdpa_bias_ms=t_bias, dense_decode_ms=t_dec, ratio_vs_decode=t_tree / t_dec,
                        speedup_vs_bias=t_bias / t_tree)
             if peak:

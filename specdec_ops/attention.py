@@ -18,8 +18,8 @@ from typing import NamedTuple
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, resolve_backend, values_checked_here
-from ._checks import INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, fail, first_bad
+from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
+from ._checks import BackendUnavailableError, INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, fail, first_bad
 from .attention_merge import _cascade_flash_attn, _merge_fp32
 from .tree import _check_mask, _mask_words, _unpack_bits
 
@@ -190,7 +190,9 @@ def tree_attention(
     return_lse : bool
         Also return the natural-log log-sum-exp of the scores (flash-attn convention).
     backend : None | "cuda" | "triton" | "cpu" | "reference"
-        "cuda" runs the Triton kernel registered for the CUDA key of the op.
+        "cuda" runs the Triton kernel registered for the CUDA key of the op. "triton" under
+        the interpreter (CPU tensors) refuses bfloat16 with BackendUnavailableError (the
+        interpreter has no bfloat16 arithmetic).
     prefix_backend : None | "flash_attn"
         "flash_attn" (GPU, contiguous cache, flash-attn installed): the prefix runs in
         flash-attn (``return_softmax_lse``), the tree in the Triton kernel, merged with
@@ -327,6 +329,41 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _launch_grid(batch: int, kv_heads: int, row_tiles: int, splits: int) -> tuple[int, int, int]:
+    """Grid of tree_attention_kernel: (B * Hk, row tiles, splits).
+
+    B * Hk goes on axis 0 (up to 2^31 - 1 programs): axes 1 and 2 allow 65535, which B = 2048
+    with 32 KV heads would exceed.
+    """
+    return (batch * kv_heads, row_tiles, splits)
+
+
+def _interpreter_needs_while_loops() -> bool:
+    """Triton before 3.8 interprets a runtime range() bound with int() of a 1-element array, which
+    numpy >= 2.4 refuses: the kernel then loops with `while` (the compiled kernel keeps `for`)."""
+    import triton
+
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    return triton_interpreting() and (major, minor) < (3, 8)
+
+
+def _tile_config(dtype: torch.dtype, rows: int, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps) of tree_attention_kernel for `rows` = N * group query rows.
+
+    Chosen so that ptxas reports no spills for sm_90 (tests/aot_tree_attention_kernel.py compiles
+    these configurations): 16-bit tiles of 32 or 64 rows take 8 warps, 32-key tiles for large D;
+    float32 (IEEE dots on the FMA units, no tensor cores) keeps 16-key tiles of at most 32 rows, 16
+    from D = 128 on.
+    """
+    block_d = max(16, next_pow2(head_dim))
+    block_m = min(64, max(16, next_pow2(rows)))
+    if dtype == torch.float32:
+        return min(block_m, 32 if block_d <= 64 else 16), 16, block_d, 4
+    if block_m == 16:
+        return block_m, 64 if block_d <= 128 else 32, block_d, 4
+    return block_m, 64 if block_d <= 64 or block_m == 32 and block_d <= 128 else 32, block_d, 8
+
+
 def _num_splits(programs: int, capacity: int, device: torch.device) -> int:
     if _FORCE_NUM_SPLITS is not None:
         return _FORCE_NUM_SPLITS
@@ -350,17 +387,10 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
         return out, lse
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    block_d = max(16, next_pow2(d))
-    block_n = 64 if block_d <= 128 else 32
-    block_m = min(64, max(16, next_pow2(n * group)))
-    if q.dtype == torch.float32 and block_d >= 256:  # keep fp32 tiles well inside shared memory
-        block_m, block_n = min(block_m, 32), 16
-    elif q.dtype == torch.float32 and block_d >= 128:
-        block_n = 32
+    block_m, block_n, block_d, num_warps = _tile_config(q.dtype, n * group, d)
     m_tiles = -(-(n * group) // block_m)
+    # Splits from the capacity (no host sync); the kernel shares each request's own prefix among them.
     splits = 1 if skip_prefix else _num_splits(m_tiles * batch * hk, capacity, q.device)
-    chunk = -(-max(capacity, 1) // splits)
-    chunk = -(-chunk // block_n) * block_n
     prefix = prefix_lens.contiguous().to(torch.int64)
     table = block_table.contiguous().to(torch.int64) if paged else prefix
     mask_c = mask.contiguous()
@@ -372,15 +402,15 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
         out_buf = torch.empty(splits, batch, n, hq, d, dtype=torch.float32, device=q.device)
         lse_buf = torch.empty(splits, batch, n, hq, dtype=torch.float32, device=q.device)
         so, sl = out_buf.stride(), lse_buf.stride()
-    tree_attention_kernel[(m_tiles, batch * hk, splits)](
+    tree_attention_kernel[_launch_grid(batch, hk, m_tiles, splits)](
         q, k_cache, v_cache, prefix, mask_c, table, out_buf, lse_buf,
-        sm_scale * 1.4426950408889634, n, mask_c.shape[2], group, hk, capacity, chunk, splits,
+        sm_scale * 1.4426950408889634, n, mask_c.shape[2], group, hk, capacity, splits,
         k_cache.shape[0], k_cache.shape[1] if paged else 1, table.stride(0) if paged else 0, d,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *so, *sl,
         PAGED=paged, SKIP_PREFIX=skip_prefix,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        IEEE=q.dtype == torch.float32,
-        num_warps=4 if block_d <= 128 else 8, num_stages=2,
+        IEEE=q.dtype == torch.float32, WHILE_LOOPS=_interpreter_needs_while_loops(),
+        num_warps=num_warps, num_stages=2,
     )
     if splits > 1:
         rows = batch * n * hq
@@ -393,6 +423,11 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
 
 def _tree_attention_triton(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_scale):
     _check_attention_args(q, k_cache, v_cache, prefix_lens, mask, block_table)
+    if q.dtype == torch.bfloat16 and (triton_interpreting() or q.device.type == "cpu"):
+        # The interpreter has no bfloat16 arithmetic (tl.dot on bf16 returns garbage there).
+        raise BackendUnavailableError(
+            "tree_attention(backend='triton') cannot run q of dtype torch.bfloat16 under the Triton interpreter "
+            "(it has no bfloat16 arithmetic); use backend='cpu', or float16/float32, or a GPU")
     return _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_scale)
 
 

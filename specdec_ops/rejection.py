@@ -261,7 +261,7 @@ def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, o
     target = target_probs.contiguous()
     ids = draft_token_ids.contiguous().to(torch.int64)
     vocab = target.shape[-1]
-    block = min(next_pow2(vocab), 8192 if triton_interpreting() else 1024)
+    block = max(4, min(next_pow2(vocab), 8192 if triton_interpreting() else 1024))  # philox_tile: multiple of 4
     rejection_sample_kernel[(batch,)](
         target, target if draft_probs is None else draft_probs.contiguous(), ids,
         lengths.contiguous().to(torch.int64), seeds.contiguous(), offsets.contiguous(),

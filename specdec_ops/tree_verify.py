@@ -192,7 +192,7 @@ def _triton_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, 
     # Per-request scratch of the node being tried: normalizers (draft_probs) or zeroed tokens.
     normalizers = target.new_empty((batch * nodes if has_draft else 1,), dtype=torch.float32)
     zeroed = target.new_empty((1 if has_draft else batch * nodes,), dtype=torch.int32)
-    block = min(next_pow2(vocab), 8192 if triton_interpreting() else 1024)
+    block = max(4, min(next_pow2(vocab), 8192 if triton_interpreting() else 1024))  # philox_tile: multiple of 4
     tree_verify_kernel[(batch,)](
         target, draft_probs.contiguous() if has_draft else target,
         tree_token_ids.contiguous().to(torch.int64), parents.contiguous().to(torch.int64),

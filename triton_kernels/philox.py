@@ -2,6 +2,9 @@
 
 counter = (vocab_index // 4, position, lo32(offset), (hi32(offset) << 8) | purpose),
 key = (lo32(seed), hi32(seed)); word vocab_index % 4 of the block.
+
+Vocabulary-wide races use philox_tile: one block per group of 4 consecutive entries
+(a quarter of the per-entry evaluation of philox_bits, the same numbers).
 """
 
 import triton
@@ -52,6 +55,29 @@ def philox_bits(seed, offset, position, purpose, index):
     r0, r1, r2, r3 = philox4x32_10(c0, c1, c2, c3, k0, k1)
     word = (index & 3).to(tl.uint32)
     return tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
+
+
+@triton.jit
+def philox_tile(seed, offset, position, purpose, start, BLOCK: tl.constexpr):
+    """[BLOCK] uint32: the bits of vocabulary entries start .. start + BLOCK - 1.
+
+    start: int32 scalar, a multiple of 4; BLOCK a multiple of 4. Equal to
+    philox_bits(seed, offset, position, purpose, start + arange(BLOCK)), with one
+    Philox block per group of 4 entries (its words 0..3 are entries 4g .. 4g + 3).
+    """
+    seed = seed.to(tl.uint64, bitcast=True)
+    offset = offset.to(tl.uint64, bitcast=True)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = (seed >> 32).to(tl.uint32)
+    c0 = (start // 4 + tl.arange(0, BLOCK // 4)).to(tl.uint32)
+    zero = tl.zeros_like(c0)
+    c1 = ((zero.to(tl.int64) + position).to(tl.uint64, bitcast=True) & 0xFFFFFFFF).to(tl.uint32)
+    c2 = (offset & 0xFFFFFFFF).to(tl.uint32) + zero
+    c3 = ((((offset >> 32) << 8) & 0xFFFFFFFF).to(tl.uint32) + zero) | (zero.to(tl.int32) + purpose).to(tl.uint32)
+    r0, r1, r2, r3 = philox4x32_10(c0, c1, c2, c3, k0, k1)
+    # join(join(r0, r2), join(r1, r3))[g, j, i] is word 2 j + i of block g: row-major flattening
+    # puts it at 4 g + 2 j + i, its vocabulary entry.
+    return tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK])
 
 
 @triton.jit

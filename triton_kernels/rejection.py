@@ -5,14 +5,15 @@ Each program: the acceptance tests of all drafts at once (one uniform each),
 the first rejection by a min-reduction, then a single exponential race over
 one row (residual at the first rejection, or the bonus row), tiled over the
 vocabulary. Greedy requests walk rows with a tiled argmax until the first
-mismatch. The Philox block is evaluated per entry (4x the CUDA kernel's RNG
-arithmetic, the same numbers).
+mismatch. Races and argmaxes keep per-lane running bests (one tile-wide reduction per
+row); one Philox block serves 4 consecutive entries (philox_tile). `vocab` is
+specialized (divisible by 16: aligned rows, vectorized loads).
 """
 
 import triton
 import triton.language as tl
 
-from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits
+from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits, philox_tile
 
 
 @triton.jit
@@ -22,64 +23,79 @@ def prob_mass(p):
 
 
 @triton.jit
-def race_scores(mass, noise, inside):
-    """Exponential-race scores of a tile: mass / noise (round-to-nearest, as the C++ and CUDA
-    kernels), 0 without mass, -1 outside the row (never wins)."""
-    return tl.where(inside, tl.where(mass > 0, tl.math.div_rn(mass, noise), 0.0), -1.0)
+def lane_argmax_update(score, idx, best, best_index):
+    """Fold one tile into per-lane running (best, best_index) [BLOCK]: a lane sees its
+    indices in increasing order, so a strictly larger score keeps the first index on ties."""
+    better = score > best
+    return tl.where(better, score, best), tl.where(better, idx, best_index)
 
 
 @triton.jit
-def tile_argmax_update(score, idx, best, best_index):
-    """Fold one tile into a running (best, best_index): first index on ties, earlier tiles win ties."""
-    tile_best = tl.max(score, 0)
-    tile_index = tl.min(tl.where(score == tile_best, idx, 0x7FFFFFFFFFFFFFFF), 0)
-    better = tile_best > best
-    return tl.where(better, tile_best, best), tl.where(better, tile_index, best_index)
+def lanes_argmax(best, best_index):
+    """(largest score, its first index) over the lanes: the one tile-wide reduction of a row."""
+    top = tl.max(best, 0)
+    return top, tl.min(tl.where(best == top, best_index, 0x7FFFFFFF), 0)
 
 
 @triton.jit
 def row_argmax(row_ptr, vocab, BLOCK: tl.constexpr):
-    """argmax of prob_mass over one row, first index on ties."""
-    best_score = tl.full([], -1.0, tl.float32)
-    best_index = tl.full([], 0, tl.int64)
+    """argmax of prob_mass over one row, first index on ties (int64 scalar).
+
+    Entries past the row load 0: they never win, entry 0 has at least that score
+    and a smaller index."""
+    offs = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], -1.0, tl.float32)
+    best_index = tl.zeros([BLOCK], tl.int32)
     for start in range(0, vocab, BLOCK):
-        idx = start + tl.arange(0, BLOCK).to(tl.int64)
-        inside = idx < vocab
-        p = tl.load(row_ptr + idx, mask=inside, other=0.0).to(tl.float32)
-        score = tl.where(inside, prob_mass(p), -1.0)
-        best_score, best_index = tile_argmax_update(score, idx, best_score, best_index)
-    return best_index
+        idx = start + offs
+        p = tl.load(row_ptr + idx, mask=idx < vocab, other=0.0).to(tl.float32)
+        best, best_index = lane_argmax_update(prob_mass(p), idx, best, best_index)
+    _, index = lanes_argmax(best, best_index)
+    return index.to(tl.int64)
+
+
+@triton.jit
+def race_pass(p_row_ptr, q_row_ptr, draft, use_q, vocab, seed, offset, position, purpose, HAS_Q: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """Exponential race over max(p - q, 0) if `use_q` (q one-hot at `draft` without HAS_Q), else over p:
+    (best score, first index of it). Scores mass / noise, rounded to nearest as the C++ and CUDA kernels;
+    0 without mass (0 / noise); entries past the row load 0 and never win (see row_argmax)."""
+    offs = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], -1.0, tl.float32)
+    best_index = tl.zeros([BLOCK], tl.int32)
+    q_end = tl.where(use_q, vocab, 0)   # q entries read: [0, q_end)
+    q_at = tl.where(use_q, draft, -1)   # one-hot q: its entry (-1: none)
+    for start in range(0, vocab, BLOCK):
+        idx = start + offs
+        mass = prob_mass(tl.load(p_row_ptr + idx, mask=idx < vocab, other=0.0).to(tl.float32))
+        if HAS_Q:
+            # Masks from one comparison: a block & a scalar bool is no mask in triton 3.9's interpreter.
+            q = prob_mass(tl.load(q_row_ptr + idx, mask=idx < q_end, other=0.0).to(tl.float32))
+        else:
+            q = tl.where(idx == q_at, 1.0, 0.0)
+        diff = mass - q
+        score = tl.math.div_rn(tl.where(diff > 0, diff, 0.0),
+                               exp_noise(philox_tile(seed, offset, position, purpose, start, BLOCK)))
+        best, best_index = lane_argmax_update(score, idx, best, best_index)
+    return lanes_argmax(best, best_index)
 
 
 @triton.jit
 def row_race(p_row_ptr, q_row_ptr, draft, residual, vocab, seed, offset, position, HAS_Q: tl.constexpr,
              BLOCK: tl.constexpr):
     """Exponential race over max(p - q, 0) when `residual` (falling back to p if
-    it has no mass; q one-hot at `draft` without HAS_Q), over p otherwise."""
+    it has no mass; q one-hot at `draft` without HAS_Q), over p otherwise (int64 scalar).
+    One race per entry; the fallback reruns the row with the same noise."""
     purpose = tl.where(residual, PURPOSE_RESIDUAL, PURPOSE_BONUS)
-    best_p = tl.full([], -1.0, tl.float32)
-    best_p_index = tl.full([], 0, tl.int64)
-    best_r = tl.full([], -1.0, tl.float32)
-    best_r_index = tl.full([], 0, tl.int64)
-    for start in range(0, vocab, BLOCK):
-        idx = start + tl.arange(0, BLOCK).to(tl.int64)
-        inside = idx < vocab
-        p = tl.load(p_row_ptr + idx, mask=inside, other=0.0).to(tl.float32)
-        if HAS_Q:
-            q = tl.load(q_row_ptr + idx, mask=inside & residual, other=0.0).to(tl.float32)
-        else:
-            q = tl.where(idx == draft, 1.0, 0.0)
-        mass = prob_mass(p)
-        noise = tl.where(mass > 0, exp_noise(philox_bits(seed, offset, position, purpose, idx)), 1.0)
-        score_p = race_scores(mass, noise, inside)
-        diff = mass - prob_mass(q)
-        score_r = race_scores(tl.where(diff > 0, diff, 0.0), noise, inside)
-        best_p, best_p_index = tile_argmax_update(score_p, idx, best_p, best_p_index)
-        best_r, best_r_index = tile_argmax_update(score_r, idx, best_r, best_r_index)
-    return tl.where(residual & (best_r > 0), best_r_index, best_p_index)
+    best, index = race_pass(p_row_ptr, q_row_ptr, draft, residual, vocab, seed, offset, position, purpose,
+                            HAS_Q, BLOCK)
+    if residual & (best <= 0):
+        best, index = race_pass(p_row_ptr, q_row_ptr, draft, residual & (best > 0), vocab, seed, offset,
+                                position, purpose, HAS_Q, BLOCK)
+    return index.to(tl.int64)
 
 
-@triton.jit(do_not_specialize=["vocab", "num_draft_rows"])
+@triton.jit(do_not_specialize=["num_draft_rows"])
 def rejection_sample_kernel(
     target_ptr,          # [rows, V] probabilities
     draft_probs_ptr,     # [draft rows, V] (any valid pointer without HAS_DRAFT_PROBS)
@@ -90,7 +106,7 @@ def rejection_sample_kernel(
     greedy_ptr,          # bool [B] (any valid pointer without HAS_GREEDY)
     token_ids_ptr,       # int64 out [B, K+1]
     num_accepted_ptr,    # int32 out [B]
-    vocab,
+    vocab: tl.constexpr,  # fixed per model: specialized (aligned rows, vectorized loads, static loop bounds)
     max_draft,
     num_draft_rows,
     PACKED: tl.constexpr,
@@ -152,7 +168,6 @@ def rejection_sample_kernel(
                          x_rejected, residual, vocab, seed, offset, accepted, HAS_DRAFT_PROBS, BLOCK)
 
     js = tl.arange(0, BLOCK_K).to(tl.int64)
-    kept = tl.load(draft_ids_ptr + draft_base + js, mask=js < accepted, other=-1)
-    out = tl.where(js < accepted, kept, tl.where(js == accepted, final, -1))
+    out = tl.where(js < accepted, x, tl.where(js == accepted, final, -1))
     tl.store(token_ids_ptr + b * (max_draft + 1) + js, out, mask=js <= max_draft)
     tl.store(num_accepted_ptr + b, accepted.to(tl.int32))

@@ -1,4 +1,4 @@
-"""Triton kernels of tree attention (DESIGN.md §5.4); launchers in specdec_ops/tree.py.
+"""Triton kernels of tree attention (DESIGN.md §5.4); launchers in specdec_ops/attention.py.
 
 tree_attention_kernel: flash-attention style. One program owns BLOCK_M query rows of
 one (request, KV head): row r is node r // G with query head kvh * G + r % G (GQA: the
@@ -6,8 +6,10 @@ G query heads sharing a KV head share every K/V tile). Online softmax in base 2.
   - prefix tiles (keys < prefix_lens[b]) need no mask loads, only the length bound;
   - tree tiles (keys prefix_lens[b] + t, t < N) load one 64-bit mask word per row
     (BLOCK_N divides 64, so a tile lies inside one word) and test the bits in-kernel.
-Split-KV (grid axis 2): split s covers prefix keys [s * chunk, (s + 1) * chunk); the
-last split also takes the tree tiles. With num_splits > 1 the partial results go to
+Grid (B * Hk, row tiles, splits): B * Hk on axis 0 (2^31 - 1; axes 1 and 2 allow 65535).
+Split-KV (grid axis 2): split s covers prefix keys [s * chunk, (s + 1) * chunk) with chunk
+= prefix_lens[b] / num_splits rounded up to whole tiles (sized in-kernel from the request's
+own prefix, not the cache capacity); the last split also takes the tree tiles. With num_splits > 1 the partial results go to
 float32 buffers and combine_splits_kernel merges them by their LSE.
 
 Contiguous caches are addressed as [B, S, Hk, D] with any strides, paged caches as
@@ -48,11 +50,58 @@ def _online_update(m_i, l_i, acc, s, v, p_dtype):
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["num_nodes", "capacity", "chunk", "num_blocks", "num_splits"])
+@triton.jit
+def _scores(q, k, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=tl.float32)
+    else:
+        return tl.dot(q, tl.trans(k), out_dtype=tl.float32)
+
+
+@triton.jit
+def _prefix_tile(m_i, l_i, acc, q, start, hi, offs_n, b, kvh, d, d_ok, k_ptr, v_ptr, table_ptr, table_stride,
+                 block_size, num_blocks, stride_k0, stride_k1, stride_kh, stride_kd,
+                 stride_v0, stride_v1, stride_vh, stride_vd, qk_scale, p_dtype, PAGED: tl.constexpr,
+                 IEEE: tl.constexpr):
+    """Prefix keys start .. start + BLOCK_N - 1 (those < hi): always visible, no mask loads."""
+    pos = start + offs_n
+    valid = pos < hi
+    k, valid = _kv_tile(k_ptr, b, kvh, pos, valid, d, d_ok, table_ptr, table_stride, block_size,
+                        num_blocks, stride_k0, stride_k1, stride_kh, stride_kd, PAGED)
+    v, _ = _kv_tile(v_ptr, b, kvh, pos, valid, d, d_ok, table_ptr, table_stride, block_size,
+                    num_blocks, stride_v0, stride_v1, stride_vh, stride_vd, PAGED)
+    s = tl.where(valid[None, :], _scores(q, k, IEEE) * qk_scale, float("-inf"))
+    return _online_update(m_i, l_i, acc, s, v, p_dtype)
+
+
+@triton.jit
+def _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row_ok, real, offs_n, b, kvh, d,
+               d_ok, k_ptr, v_ptr, table_ptr, table_stride, block_size, num_blocks,
+               stride_k0, stride_k1, stride_kh, stride_kd, stride_v0, stride_v1, stride_vh, stride_vd,
+               qk_scale, p_dtype, PAGED: tl.constexpr, IEEE: tl.constexpr):
+    """Tree keys prefix + t, t = t0 .. t0 + BLOCK_N - 1: visible iff bit t of the row."""
+    t = t0 + offs_n
+    pos = prefix + t
+    valid = (t < num_nodes) & (pos < capacity)
+    word = tl.load(mask_rows + t0 // 64, mask=row_ok, other=0)  # one word per row: BLOCK_N divides 64
+    bits = (word[:, None] >> (t % 64).to(tl.int64)[None, :]) & 1
+    k, valid = _kv_tile(k_ptr, b, kvh, pos, valid, d, d_ok, table_ptr, table_stride, block_size,
+                        num_blocks, stride_k0, stride_k1, stride_kh, stride_kd, PAGED)
+    visible = (bits != 0) & valid[None, :] & real[:, None]
+    # Slots no row of this tile sees may hold garbage (even NaN): zero them so 0 * NaN never happens.
+    seen = tl.max(visible.to(tl.int32), axis=0) > 0
+    v, _ = _kv_tile(v_ptr, b, kvh, pos, valid & seen, d, d_ok, table_ptr, table_stride, block_size,
+                    num_blocks, stride_v0, stride_v1, stride_vh, stride_vd, PAGED)
+    k = tl.where(seen[:, None], k, 0.0)
+    s = tl.where(visible, _scores(q, k, IEEE) * qk_scale, float("-inf"))
+    return _online_update(m_i, l_i, acc, s, v, p_dtype)
+
+
+@triton.jit(do_not_specialize=["num_nodes", "capacity", "num_blocks", "num_splits"])
 def tree_attention_kernel(
     q_ptr, k_ptr, v_ptr, prefix_lens_ptr, mask_ptr, table_ptr, out_ptr, lse_ptr,
     qk_scale,  # sm_scale * log2(e)
-    num_nodes, num_words, group, num_kv_heads, capacity, chunk, num_splits,
+    num_nodes, num_words, group, num_kv_heads, capacity, num_splits,
     num_blocks, block_size, table_stride, head_dim,
     stride_qb, stride_qn, stride_qh, stride_qd,
     stride_k0, stride_k1, stride_kh, stride_kd,
@@ -61,9 +110,12 @@ def tree_attention_kernel(
     stride_ls, stride_lb, stride_ln, stride_lh,
     PAGED: tl.constexpr, SKIP_PREFIX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+    WHILE_LOOPS: tl.constexpr = False,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # Grid: (B * Hk, row tiles, splits). B * Hk sits on axis 0 (up to 2^31 - 1 programs; axes 1
+    # and 2 allow 65535).
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
     split = tl.program_id(2)
     b = pid_bh // num_kv_heads
     kvh = pid_bh % num_kv_heads
@@ -91,46 +143,43 @@ def tree_attention_kernel(
     p_dtype = v_ptr.dtype.element_ty
     offs_n = tl.arange(0, BLOCK_N)
 
-    # ---- prefix tiles: keys [lo, hi) of this split, no mask loads
+    # ---- prefix tiles: keys [lo, hi) of this split, no mask loads. The splits share this request's
+    # prefix (read on the device: no host sync), in whole tiles.
     if not SKIP_PREFIX:
+        chunk = tl.cdiv(tl.cdiv(prefix, num_splits), BLOCK_N) * BLOCK_N
         lo = split * chunk
         hi = tl.minimum(lo + chunk, prefix)
-        for start in range(lo, hi, BLOCK_N):
-            pos = start + offs_n
-            valid = pos < hi
-            k, valid = _kv_tile(k_ptr, b, kvh, pos, valid, d, d_ok, table_ptr, table_stride, block_size,
-                                num_blocks, stride_k0, stride_k1, stride_kh, stride_kd, PAGED)
-            v, _ = _kv_tile(v_ptr, b, kvh, pos, valid, d, d_ok, table_ptr, table_stride, block_size,
-                            num_blocks, stride_v0, stride_v1, stride_vh, stride_vd, PAGED)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=tl.float32)
-            else:
-                s = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
-            s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-            m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, p_dtype)
+        if WHILE_LOOPS:  # triton 3.6's interpreter cannot take a runtime range() bound
+            start = lo
+            while start < hi:
+                m_i, l_i, acc = _prefix_tile(m_i, l_i, acc, q, start, hi, offs_n, b, kvh, d, d_ok, k_ptr, v_ptr,
+                                             table_ptr, table_stride, block_size, num_blocks, stride_k0, stride_k1,
+                                             stride_kh, stride_kd, stride_v0, stride_v1, stride_vh, stride_vd,
+                                             qk_scale, p_dtype, PAGED, IEEE)
+                start += BLOCK_N
+        else:
+            for start in range(lo, hi, BLOCK_N):
+                m_i, l_i, acc = _prefix_tile(m_i, l_i, acc, q, start, hi, offs_n, b, kvh, d, d_ok, k_ptr, v_ptr,
+                                             table_ptr, table_stride, block_size, num_blocks, stride_k0, stride_k1,
+                                             stride_kh, stride_kd, stride_v0, stride_v1, stride_vh, stride_vd,
+                                             qk_scale, p_dtype, PAGED, IEEE)
 
     # ---- tree tiles (last split only): keys prefix + t, visible iff bit t of the row
     tree_end = tl.where(split == num_splits - 1, num_nodes, 0)
-    for t0 in range(0, tree_end, BLOCK_N):
-        t = t0 + offs_n
-        pos = prefix + t
-        valid = (t < num_nodes) & (pos < capacity)
-        word = tl.load(mask_rows + t0 // 64, mask=row_ok, other=0)  # one word per row: BLOCK_N divides 64
-        bits = (word[:, None] >> (t % 64).to(tl.int64)[None, :]) & 1
-        k, valid = _kv_tile(k_ptr, b, kvh, pos, valid, d, d_ok, table_ptr, table_stride, block_size,
-                            num_blocks, stride_k0, stride_k1, stride_kh, stride_kd, PAGED)
-        visible = (bits != 0) & valid[None, :] & real[:, None]
-        # Slots no row of this tile sees may hold garbage (even NaN): zero them so 0 * NaN never happens.
-        seen = tl.max(visible.to(tl.int32), axis=0) > 0
-        v, _ = _kv_tile(v_ptr, b, kvh, pos, valid & seen, d, d_ok, table_ptr, table_stride, block_size,
-                        num_blocks, stride_v0, stride_v1, stride_vh, stride_vd, PAGED)
-        k = tl.where(seen[:, None], k, 0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=tl.float32)
-        else:
-            s = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
-        s = tl.where(visible, s * qk_scale, float("-inf"))
-        m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v, p_dtype)
+    if WHILE_LOOPS:
+        t0 = tl.zeros([], tl.int32)
+        while t0 < tree_end:
+            m_i, l_i, acc = _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row_ok, real,
+                                       offs_n, b, kvh, d, d_ok, k_ptr, v_ptr, table_ptr, table_stride, block_size,
+                                       num_blocks, stride_k0, stride_k1, stride_kh, stride_kd, stride_v0, stride_v1,
+                                       stride_vh, stride_vd, qk_scale, p_dtype, PAGED, IEEE)
+            t0 += BLOCK_N
+    else:
+        for t0 in range(0, tree_end, BLOCK_N):
+            m_i, l_i, acc = _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row_ok, real,
+                                       offs_n, b, kvh, d, d_ok, k_ptr, v_ptr, table_ptr, table_stride, block_size,
+                                       num_blocks, stride_k0, stride_k1, stride_kh, stride_kd, stride_v0, stride_v1,
+                                       stride_vh, stride_vd, qk_scale, p_dtype, PAGED, IEEE)
 
     has = real & (l_i > 0)
     l_safe = tl.where(has, l_i, 1.0)

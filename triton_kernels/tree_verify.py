@@ -10,14 +10,16 @@ draft_probs), and the final exponential race over p'. p' is never materialized:
 with draft_probs it is recomputed per entry from p_u, q_u and the normalizers of
 the committed updates, kept in a [B, N] workspace; without, the zeroed tokens
 are kept there (see csrc/tree_verify/tree_verify_math.h). Divisions use
-div_rn, as the C++ and CUDA kernels do.
+div_rn, as the C++ and CUDA kernels do. The race and argmax keep per-lane bests
+(one tile-wide reduction per row), one Philox block serves 4 entries, and `vocab`
+is specialized (aligned rows, vectorized loads).
 """
 
 import triton
 import triton.language as tl
 
-from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits
-from .rejection import prob_mass, race_scores, row_argmax, tile_argmax_update
+from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits, philox_tile
+from .rejection import lane_argmax_update, lanes_argmax, prob_mass, row_argmax
 
 
 @triton.jit
@@ -32,9 +34,11 @@ def tree_residual(p, q, z_ptr, m):
     """r_m: the entry after m committed updates with normalizers z_ptr[0 .. m-1] (Z_0 = 1)."""
     r = prob_mass(p)
     prev = tl.full([], 1.0, tl.float32)
-    for j in range(0, m):
+    j = tl.zeros([], tl.int64)
+    while j < m:  # while loops: triton 3.6's interpreter cannot take a runtime range() bound
         r = residual_step(r, prev, q)
         prev = tl.load(z_ptr + j)
+        j += 1
     return r
 
 
@@ -50,7 +54,7 @@ def row_sum_count(row_ptr, vocab, BLOCK: tl.constexpr):
     total = tl.zeros([BLOCK], tl.float32)
     count = tl.zeros([BLOCK], tl.int64)
     for start in range(0, vocab, BLOCK):
-        idx = start + tl.arange(0, BLOCK).to(tl.int64)
+        idx = start + tl.arange(0, BLOCK)
         mass = prob_mass(tl.load(row_ptr + idx, mask=idx < vocab, other=0.0).to(tl.float32))
         total += mass
         count += (mass > 0).to(tl.int64)
@@ -62,7 +66,7 @@ def next_residual_sum(p_row_ptr, q_row_ptr, vocab, z_ptr, m, z_m, BLOCK: tl.cons
     """Sum over the row of r_{m+1} = max(r_m / Z_m - q, 0)."""
     total = tl.zeros([BLOCK], tl.float32)
     for start in range(0, vocab, BLOCK):
-        idx = start + tl.arange(0, BLOCK).to(tl.int64)
+        idx = start + tl.arange(0, BLOCK)
         inside = idx < vocab
         p = tl.load(p_row_ptr + idx, mask=inside, other=0.0).to(tl.float32)
         q = tl.load(q_row_ptr + idx, mask=inside, other=0.0).to(tl.float32)
@@ -73,11 +77,15 @@ def next_residual_sum(p_row_ptr, q_row_ptr, vocab, z_ptr, m, z_m, BLOCK: tl.cons
 @triton.jit
 def final_race(p_row_ptr, q_row_ptr, vocab, z_ptr, zeroed_ptr, m, seed, offset, position, purpose,
                HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
-    """Exponential race over p' at a node: r_m (HAS_Q) or p_u without the m zeroed tokens."""
-    best = tl.full([], -1.0, tl.float32)
-    best_index = tl.full([], 0, tl.int64)
+    """Exponential race over p' at a node: r_m (HAS_Q) or p_u without the m zeroed tokens.
+
+    Per-lane running bests, one tile-wide reduction; one Philox block per 4 entries;
+    scores mass / noise (0 without mass); entries past the row load 0 and never win."""
+    offs = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], -1.0, tl.float32)
+    best_index = tl.zeros([BLOCK], tl.int32)
     for start in range(0, vocab, BLOCK):
-        idx = start + tl.arange(0, BLOCK).to(tl.int64)
+        idx = start + offs
         inside = idx < vocab
         p = tl.load(p_row_ptr + idx, mask=inside, other=0.0).to(tl.float32)
         if HAS_Q:
@@ -85,14 +93,17 @@ def final_race(p_row_ptr, q_row_ptr, vocab, z_ptr, zeroed_ptr, m, seed, offset, 
             mass = tree_residual(p, q, z_ptr, m)
         else:
             mass = prob_mass(p)
-            for j in range(0, m):
+            j = tl.zeros([], tl.int64)
+            while j < m:
                 mass = tl.where(idx == tl.load(zeroed_ptr + j), 0.0, mass)
-        noise = tl.where(mass > 0, exp_noise(philox_bits(seed, offset, position, purpose, idx)), 1.0)
-        best, best_index = tile_argmax_update(race_scores(mass, noise, inside), idx, best, best_index)
-    return best_index
+                j += 1
+        score = tl.math.div_rn(mass, exp_noise(philox_tile(seed, offset, position, purpose, start, BLOCK)))
+        best, best_index = lane_argmax_update(score, idx, best, best_index)
+    _, index = lanes_argmax(best, best_index)
+    return index.to(tl.int64)
 
 
-@triton.jit(do_not_specialize=["nodes", "vocab"])
+@triton.jit(do_not_specialize=["nodes"])
 def tree_verify_kernel(
     target_ptr,          # [B, N, V] probabilities
     draft_probs_ptr,     # [B, N, V] (any valid pointer without HAS_DRAFT_PROBS)
@@ -108,7 +119,7 @@ def tree_verify_kernel(
     accepted_path_ptr,   # int32 out [B, N]
     num_accepted_ptr,    # int32 out [B]
     nodes,
-    vocab,
+    vocab: tl.constexpr,  # fixed per model: specialized (aligned rows, vectorized loads, static loop bounds)
     HAS_NUM_NODES: tl.constexpr,
     HAS_DRAFT_PROBS: tl.constexpr,
     HAS_GREEDY: tl.constexpr,
@@ -139,7 +150,8 @@ def tree_verify_kernel(
     k = tl.zeros([], tl.int64)
     if greedy != 0:
         best = row_argmax(target, vocab, BLOCK)
-        for c in range(1, n):
+        c = tl.full([], 1, tl.int64)
+        while c < n:
             par = tl.load(parents + c)
             par = tl.where((par >= 0) & (par < c), par, 0)
             x = tl.load(tokens + c)
@@ -149,13 +161,15 @@ def tree_verify_kernel(
                 k += 1
                 u = c + tl.zeros([], tl.int64)
                 best = row_argmax(target + u * vocab, vocab, BLOCK)
+            c += 1
         final = best
     else:
         rejected = tl.zeros([], tl.int32)     # a child of u was tried and rejected
         m = tl.zeros([], tl.int64)            # committed updates / zeroed tokens at u
         total = tl.zeros([], tl.float32)      # no draft_probs: sum of p'
         nonzero = tl.zeros([], tl.int64)      # no draft_probs: entries of p_u with mass
-        for c in range(1, n):
+        c = tl.full([], 1, tl.int64)
+        while c < n:
             par = tl.load(parents + c)
             par = tl.where((par >= 0) & (par < c), par, 0)
             if par == u:
@@ -180,8 +194,10 @@ def tree_verify_kernel(
                     if rejected == 0:
                         total, nonzero = row_sum_count(p_row, vocab, BLOCK)
                     p_x = prob_mass(tl.load(p_row + xs).to(tl.float32))
-                    for j in range(0, m):
+                    j = tl.zeros([], tl.int64)
+                    while j < m:
                         p_x = tl.where(tl.load(zeroed + j) == x, 0.0, p_x)
+                        j += 1
                     p_x = tl.where(in_vocab, p_x, 0.0)
                     accept = in_vocab & (uc * total < p_x)
                     if (not accept) & (p_x > 0) & (nonzero - m > 1):
@@ -198,6 +214,7 @@ def tree_verify_kernel(
                     m = tl.zeros([], tl.int64)
                 else:
                     rejected = tl.full([], 1, tl.int32)
+            c += 1
         purpose = tl.where(rejected != 0, PURPOSE_RESIDUAL, PURPOSE_BONUS)
         final = final_race(target + u * vocab, draft + u * vocab, vocab, z, zeroed, m, seed, offset, u, purpose,
                            HAS_DRAFT_PROBS, BLOCK)
