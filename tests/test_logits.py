@@ -15,7 +15,7 @@ from specdec_ops import reference
 from specdec_ops._checks import SpecDecArgumentError
 from specdec_ops.logits import _TRITON_OPS
 
-from conftest import HAS_TRITON
+from conftest import HAS_TRITON, compile_ahead_of_time
 
 ALPHA = 1e-4  # significance level of every statistical test here
 STAT_DRAWS = 40_000  # requests per statistical test
@@ -640,3 +640,10 @@ def test_torch_compile_fullgraph():
     assert torch.equal(ids, eager.token_ids) and torch.equal(n, eager.num_accepted)
     torch.testing.assert_close(lp, eager.logprobs, equal_nan=True)
     assert torch.equal(probs, specdec_ops.process_logits(args["target_logits"], *(args[n] for n in PARAMS)))
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_triton_kernels_compile_for_sm90_without_a_gpu():
+    """The interpreter does not run Triton's code generator: compile every variant of the logits
+    kernels to sm_90 ahead of time, so what only the real compiler rejects fails here."""
+    compile_ahead_of_time("aot_logits_kernel.py")
