@@ -647,3 +647,65 @@ def test_triton_kernels_compile_for_sm90_without_a_gpu():
     """The interpreter does not run Triton's code generator: compile every variant of the logits
     kernels to sm_90 ahead of time, so what only the real compiler rejects fails here."""
     compile_ahead_of_time("aot_logits_kernel.py")
+
+
+# ---------------------------------------------------------------------------------------------- CUDA (skipped here)
+
+
+def _to(args, device):
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("vocab", [7, 1025, 8193, 151936])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_equals_cpu(draft_probs, vocab, dtype):
+    args = make_batch(24, 4, vocab, draft_probs=draft_probs, dtype=dtype, seed=vocab)
+    cpu = call(args, "cpu")
+    gpu_backends = ["cuda"] + (["triton"] if "rejection_sample_logits" in _TRITON_OPS else [])
+    for backend in gpu_backends:
+        gpu = call(_to(args, "cuda"), backend)
+        # rare floating-point near-ties (sums in another order, expf ulps) may differ
+        same = (gpu.token_ids.cpu() == cpu.token_ids).all(-1).float().mean()
+        assert same >= 0.95, backend
+        both = (gpu.token_ids.cpu() == cpu.token_ids) & (cpu.token_ids >= 0)
+        torch.testing.assert_close(gpu.logprobs.cpu()[both], cpu.logprobs[both], atol=1e-4, rtol=0)
+        packed = call_packed(_to(to_packed(args), "cuda"), backend, k=4)
+        assert torch.equal(packed.token_ids, gpu.token_ids)
+        probs = specdec_ops.process_logits(args["target_logits"].cuda(), *(args[n].cuda() for n in PARAMS),
+                                           backend=backend)
+        ref = specdec_ops.process_logits(args["target_logits"], *(args[n] for n in PARAMS), backend="cpu")
+        torch.testing.assert_close(probs.cpu(), ref, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.cuda
+def test_cuda_bad_values_are_clamped_safely():
+    args = make_batch(6, 3, 50, seed=3)
+    args["temperature"] = torch.tensor([-1.0, float("nan"), float("inf"), 0.5, 1.0, 1.0])
+    args["top_k"] = torch.tensor([-5, 10**6, 3, 0, 0, 0])
+    args["top_p"] = torch.tensor([float("nan"), 2.0, -1.0, 0.0, 1.0, 1.0])
+    args["min_p"] = torch.tensor([-1.0, 5.0, float("nan"), 0.0, 0.0, 1.0])
+    args["draft_token_ids"][0, 0] = 10**9
+    args["num_draft_tokens"] = torch.tensor([3, 3, 99, -2, 1, 1])
+    for backend in ["cuda"] + (["triton"] if "rejection_sample_logits" in _TRITON_OPS else []):
+        out = call(_to(args, "cuda"), backend)
+        torch.cuda.synchronize()
+        t = out.token_ids.cpu()
+        assert ((t == -1) | ((t >= 0) & (t < 50))).all()
+        assert int(out.num_accepted[0]) <= 3
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_and_replay():
+    args = _to(make_batch(8, 4, 1000, seed=4), "cuda")
+    call(args, "cuda")  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(args, "cuda")
+    for _ in range(3):
+        args["offsets"].add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.token_ids, call(args, "cuda").token_ids)
