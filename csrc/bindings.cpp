@@ -92,4 +92,8 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
       "tree_rejection_sample_logits(Tensor target_logits, Tensor tree_token_ids, Tensor parents, Tensor? num_nodes, "
       "Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, Tensor seeds, "
       "Tensor offsets, bool return_logprobs) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "tree_rejection_sample_logits_triton(Tensor target_logits, Tensor tree_token_ids, Tensor parents, "
+      "Tensor? num_nodes, Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
+      "Tensor seeds, Tensor offsets, bool return_logprobs) -> (Tensor, Tensor, Tensor, Tensor)");
 }

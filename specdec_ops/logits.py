@@ -574,11 +574,35 @@ def _triton_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_pr
                          cu_num_draft_tokens.shape[0] - 1, max_num_draft_tokens, packed=True)
 
 
+def _triton_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature, top_k, top_p, min_p,
+                 seeds, offsets, return_logprobs):
+    from .triton_kernels.logits import tree_rejection_sample_logits_kernel
+
+    batch, nodes, vocab = target_logits.shape
+    token_ids = target_logits.new_empty((batch, nodes), dtype=torch.int64)
+    accepted_path = target_logits.new_empty((batch, nodes), dtype=torch.int32)
+    num_accepted = target_logits.new_empty((batch,), dtype=torch.int32)
+    logprobs = _fake_logprobs(target_logits, (batch, nodes), return_logprobs)
+    if batch == 0:
+        return token_ids, accepted_path, num_accepted, logprobs
+    target = target_logits.contiguous()
+    ptrs, flags = _param_ptrs(target, (temperature, top_k, top_p, min_p))
+    tokens = tree_token_ids.contiguous().to(torch.int64)
+    tree_rejection_sample_logits_kernel[(batch,)](
+        target, target if draft_probs is None else draft_probs.contiguous(), tokens,
+        parents.contiguous().to(torch.int64), tokens if num_nodes is None else num_nodes.contiguous().to(torch.int64),
+        seeds.contiguous(), offsets.contiguous(), *ptrs, token_ids, accepted_path, num_accepted,
+        logprobs if return_logprobs else target, vocab, nodes,
+        HAS_NUM_NODES=num_nodes is not None, HAS_DRAFT_PROBS=draft_probs is not None, **flags,
+        LOGPROBS=bool(return_logprobs), BLOCK_N=next_pow2(nodes), BLOCK=_block(vocab))
+    return token_ids, accepted_path, num_accepted, logprobs
+
+
 if _ops.native_loaded():
     for _name, _fake, _impl in (("process_logits", _fake_process, _triton_process),
                                 ("rejection_sample_logits", _fake_padded, _triton_padded),
                                 ("rejection_sample_logits_packed", _fake_packed, _triton_packed),
-                                ("tree_rejection_sample_logits", _fake_tree, None)):
+                                ("tree_rejection_sample_logits", _fake_tree, _triton_tree)):
         if _impl is not None and _name in _TRITON_OPS:
             torch.library.register_fake(f"specdec::{_name}_triton")(_fake)
             torch.library.impl(f"specdec::{_name}_triton", ("CPU", "CUDA"))(_impl)

@@ -4,7 +4,8 @@ test_logits.py::test_triton_kernels_compile_for_sm90_without_a_gpu in a subproce
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specdec_ops.triton_kernels.logits import process_logits_kernel, rejection_sample_logits_kernel
+from specdec_ops.triton_kernels.logits import (process_logits_kernel, rejection_sample_logits_kernel,
+                                              tree_rejection_sample_logits_kernel)
 
 target = GPUTarget("cuda", 90, 32)
 
@@ -29,4 +30,11 @@ compile_all(rejection_sample_logits_kernel,
             [dict(flags[0], PACKED=packed, HAS_DRAFT_PROBS=has_q, LOGPROBS=lp, BLOCK_K=8, BLOCK=1024)
              for packed in (False, True) for has_q in (False, True) for lp in (False, True)]
             + [dict(flags[1], PACKED=False, HAS_DRAFT_PROBS=False, LOGPROBS=False, BLOCK_K=8, BLOCK=1024)])
+compile_all(tree_rejection_sample_logits_kernel,
+            dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", tokens_ptr="*i64", parents_ptr="*i64",
+                 num_nodes_ptr="*i64", seeds_ptr="*i64", offsets_ptr="*i64", token_ids_ptr="*i64",
+                 accepted_path_ptr="*i32", num_accepted_ptr="*i32", logprobs_ptr="*fp32", vocab="i32", nodes="i32",
+                 **params),
+            [dict(flags[0], HAS_NUM_NODES=True, HAS_DRAFT_PROBS=has_q, LOGPROBS=True, BLOCK_N=64, BLOCK=1024)
+             for has_q in (False, True)])
 print("compiled")

@@ -325,3 +325,165 @@ def rejection_sample_logits_kernel(
     tl.store(num_accepted_ptr + b, k.to(tl.int32))
     if LOGPROBS:
         tl.store(logprobs_ptr + b * (max_draft + 1) + js, lps, mask=js <= max_draft)
+
+
+@triton.jit
+def pick(vec, js, j):
+    """vec[j] of a small vector (a reduction: Triton has no dynamic register indexing)."""
+    return tl.sum(tl.where(js == j, vec, tl.zeros_like(vec)), 0)
+
+
+@triton.jit
+def tree_residual(p, q, zs, js, count):
+    """r after `count` committed residual updates with normalizers zs[0 .. count-1]
+    (tree_verify_math.h tree_residual): r = mass(p), then r <- max(r / z_prev - mass(q), 0)."""
+    r = tl.where(p > 0, p, 0.0)
+    qm = tl.where(q > 0, q, 0.0)
+    prev = tl.full([], 1.0, tl.float32)
+    for j in range(0, count):
+        d = tl.math.div_rn(r, prev) - qm
+        r = tl.where(d > 0, d, 0.0)
+        prev = pick(zs, js, j)
+    return r
+
+
+@triton.jit
+def excluded(idx, zeroed, js, count):
+    """Whether each index is among the `count` zeroed tokens (one-hot tree walk)."""
+    out = idx < 0
+    for j in range(0, count):
+        out = out | (idx == pick(zeroed, js, j))
+    return out
+
+
+@triton.jit(do_not_specialize=["vocab", "nodes"])
+def tree_rejection_sample_logits_kernel(
+    logits_ptr,          # [B, N, V] raw logits
+    draft_probs_ptr,     # [B, N, V] (any valid pointer without HAS_DRAFT_PROBS)
+    tokens_ptr,          # int64 [B, N]
+    parents_ptr,         # int64 [B, N]
+    num_nodes_ptr,       # int64 [B] (any valid pointer without HAS_NUM_NODES)
+    seeds_ptr, offsets_ptr,
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+    token_ids_ptr,       # int64 out [B, N]
+    accepted_path_ptr,   # int32 out [B, N]
+    num_accepted_ptr,    # int32 out [B]
+    logprobs_ptr,        # float32 out [B, N] (any valid pointer without LOGPROBS)
+    vocab, nodes,
+    HAS_NUM_NODES: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr,
+    HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr, LOGPROBS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The walk of csrc/tree_verify/tree_verify_math.h on processed rows (csrc/logits/logits_cpu.cpp
+    tree_request): a node's row statistics are computed when the walk enters it."""
+    b = tl.program_id(0).to(tl.int64)
+    n = nodes
+    if HAS_NUM_NODES:
+        n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), nodes)
+    seed = tl.load(seeds_ptr + b)
+    offset = tl.load(offsets_ptr + b)
+    t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
+                                             HAS_K, HAS_P, HAS_MIN_P)
+    js = tl.arange(0, BLOCK_N).to(tl.int64)
+    path = tl.where(js == 0, 0, -1).to(tl.int64)
+    toks = tl.full([BLOCK_N], -1, tl.int64)
+    lps = tl.full([BLOCK_N], float("nan"), tl.float32)
+    zs = tl.zeros([BLOCK_N], tl.float32)          # normalizers Z_1 .. Z_m (draft probs)
+    zeroed = tl.full([BLOCK_N], -1, tl.int64)     # zeroed tokens (one-hot)
+    u = tl.full([], 0, tl.int64)
+    k = tl.full([], 0, tl.int64)
+    count = tl.full([], 0, tl.int64)              # m: committed updates at u
+    rejected = tl.full([], 0, tl.int32)
+    sum_p = tl.full([], 0.0, tl.float32)
+    nonzero = tl.full([], 0, tl.int64)
+    row_ptr = logits_ptr + (b * nodes) * vocab
+    q_row_ptr = draft_probs_ptr + (b * nodes) * vocab
+    m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK)
+    for c in range(1, n):
+        par = tl.load(parents_ptr + b * nodes + c)
+        par = tl.where((par >= 0) & (par < c), par, 0)
+        x = tl.load(tokens_ptr + b * nodes + c)
+        if par == u:
+            in_vocab = (x >= 0) & (x < vocab)
+            xs = tl.minimum(tl.maximum(x, 0), vocab - 1)
+            if t > 0:
+                uc = tl.sum(bits_to_uniform(philox_bits(seed, offset, c - 1, PURPOSE_ACCEPT,
+                                                        tl.zeros([1], tl.int64))), 0)
+                p_x = entry_prob(logit_value(tl.load(row_ptr + xs).to(tl.float32)), m, t, tau, total)
+                if HAS_DRAFT_PROBS:
+                    q_x = tl.load(q_row_ptr + xs).to(tl.float32)
+                    z_m = tl.where(count > 0, pick(zs, js, count - 1), 1.0)
+                    r_x = tree_residual(p_x, q_x, zs, js, count)
+                    accept = in_vocab & (uc * tl.where(q_x > 0, q_x, 0.0) < tl.math.div_rn(r_x, z_m))
+                    if accept == 0:
+                        new_total = tl.full([], 0.0, tl.float32)
+                        for start in range(0, vocab, BLOCK):
+                            idx = start + tl.arange(0, BLOCK).to(tl.int64)
+                            inside = idx < vocab
+                            p = entry_prob(load_row(row_ptr, idx, inside), m, t, tau, total)
+                            q = tl.load(q_row_ptr + idx, mask=inside, other=0.0).to(tl.float32)
+                            r = tree_residual(p, q, zs, js, count)
+                            d = tl.math.div_rn(r, z_m) - tl.where(q > 0, q, 0.0)
+                            new_total += tl.sum(tl.where(inside & (d > 0), d, 0.0), 0)
+                        if new_total > 0:
+                            zs = tl.where(js == count, new_total, zs)
+                            count += 1
+                else:
+                    if rejected == 0:
+                        sum_p = tl.zeros_like(sum_p)
+                        nonzero = tl.zeros_like(nonzero)
+                        for start in range(0, vocab, BLOCK):
+                            idx = start + tl.arange(0, BLOCK).to(tl.int64)
+                            inside = idx < vocab
+                            p = entry_prob(load_row(row_ptr, idx, inside), m, t, tau, total)
+                            sum_p += tl.sum(tl.where(inside, p, 0.0), 0)
+                            nonzero += tl.sum((inside & (p > 0)).to(tl.int64), 0)
+                    is_out = tl.sum(excluded(tl.full([1], 0, tl.int64) + x, zeroed, js, count).to(tl.int32), 0) > 0
+                    p_x = tl.where(in_vocab & ~is_out, p_x, 0.0)
+                    accept = in_vocab & (uc * sum_p < p_x)
+                    if accept == 0:
+                        if p_x > 0:
+                            if nonzero - count > 1:
+                                zeroed = tl.where(js == count, x, zeroed)
+                                count += 1
+                                sum_p -= p_x
+            else:
+                accept = x == argmax
+            if accept:
+                if LOGPROBS:
+                    lps = tl.where(js == k, token_logprob(row_ptr, x, vocab, m, argmax, t, tau, total, BLOCK), lps)
+                toks = tl.where(js == k, x, toks)
+                k += 1
+                path = tl.where(js == k, c, path)
+                u = c + tl.zeros_like(u)
+                row_ptr = logits_ptr + (b * nodes + u) * vocab
+                q_row_ptr = draft_probs_ptr + (b * nodes + u) * vocab
+                m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK)
+                rejected = tl.zeros_like(rejected)
+                count = tl.zeros_like(count)
+            else:
+                rejected = tl.zeros_like(rejected) + 1
+    final = argmax
+    if t > 0:
+        purpose = tl.where(rejected != 0, PURPOSE_RESIDUAL, PURPOSE_BONUS)
+        best = tl.full([], -1.0, tl.float32)
+        best_index = tl.full([], 0, tl.int64)
+        for start in range(0, vocab, BLOCK):
+            idx = start + tl.arange(0, BLOCK).to(tl.int64)
+            inside = idx < vocab
+            p = entry_prob(load_row(row_ptr, idx, inside), m, t, tau, total)
+            if HAS_DRAFT_PROBS:
+                q = tl.load(q_row_ptr + idx, mask=inside, other=0.0).to(tl.float32)
+                mass = tree_residual(p, q, zs, js, count)
+            else:
+                mass = tl.where(excluded(idx, zeroed, js, count), 0.0, p)
+            noise = tl.where(mass > 0, exp_noise(philox_bits(seed, offset, u, purpose, idx)), 1.0)
+            best, best_index = tile_argmax_update(race_scores(mass, noise, inside), idx, best, best_index)
+        final = best_index
+    if LOGPROBS:
+        lps = tl.where(js == k, token_logprob(row_ptr, final, vocab, m, argmax, t, tau, total, BLOCK), lps)
+        tl.store(logprobs_ptr + b * nodes + js, lps, mask=js < nodes)
+    toks = tl.where(js == k, final, toks)
+    tl.store(token_ids_ptr + b * nodes + js, toks, mask=js < nodes)
+    tl.store(accepted_path_ptr + b * nodes + js, path.to(tl.int32), mask=js < nodes)
+    tl.store(num_accepted_ptr + b, k.to(tl.int32))
