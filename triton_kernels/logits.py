@@ -217,7 +217,7 @@ def row_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, tau, to
         inside = idx < vocab
         mass = entry_prob(load_row(row_ptr, idx, inside), m, temperature, tau, total)
         if HAS_Q:
-            q = tl.load(q_row_ptr + idx, mask=inside & residual, other=0.0).to(tl.float32)
+            q = tl.load(q_row_ptr + idx, mask=idx < tl.where(residual, vocab, 0), other=0.0).to(tl.float32)
             q = tl.where(q > 0, q, 0.0)
         else:
             q = tl.where(idx == draft, 1.0, 0.0)
