@@ -709,3 +709,17 @@ def test_cuda_graph_capture_and_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out.token_ids, call(args, "cuda").token_ids)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_tree_equals_cpu(draft_probs, dtype):
+    case = random_tree(16, 9, 1025, draft_probs=draft_probs, dtype=dtype, seed=61)
+    cpu = call_tree(case, "cpu")
+    for backend in ["cuda"] + (["triton"] if "tree_rejection_sample_logits" in _TRITON_OPS else []):
+        gpu = call_tree(_to(case, "cuda"), backend)
+        same = (gpu.token_ids.cpu() == cpu.token_ids).all(-1).float().mean()
+        assert same >= 0.9, backend
+        both = (gpu.token_ids.cpu() == cpu.token_ids) & (cpu.token_ids >= 0)
+        torch.testing.assert_close(gpu.logprobs.cpu()[both], cpu.logprobs[both], atol=1e-4, rtol=0)

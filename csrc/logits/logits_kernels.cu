@@ -1,7 +1,7 @@
-// CUDA kernels of process_logits and chain verification from logits (DESIGN.md §5.7).
+// CUDA kernels of process_logits and chain and tree verification from logits (DESIGN.md §5.7).
 // Raw pointers only, no torch headers: the launchers in logits_op.cpp check tensors and
 // pass the *Params structs. One thread block per row (process_logits) or per request
-// (chain), rows read with coalesced loads and never written as probabilities:
+// (chain, tree), rows read with coalesced loads and never written as probabilities:
 //   1. max and first argmax (greedy rows stop here);
 //   2. rows with filters: radix select on the order-preserving keys of z = (x - m) / T,
 //      4 passes of 8 bits with 256-bin shared-memory histograms (counts for top-k; counts
@@ -10,7 +10,8 @@
 //   3. the kept mass S (one pass), then the acceptance test of the draft (one thread);
 //   4. at the first rejection, or on the bonus row, one exponential race over
 //      p = e / S (or max(p - q, 0)), the arithmetic of rejection_kernels.cu.
-// Rows after the first rejection are never read.
+// Rows after the first rejection are never read. The tree kernel walks the tree as
+// tree_verify_kernels.cu does, entering a node's row statistics when the walk reaches it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -20,6 +21,7 @@
 #include "../common/philox.h"
 #include "../common/sampling_cuda.cuh"
 #include "../common/sampling_math.h"
+#include "../tree_verify/tree_verify_math.h"
 #include "logits_math.h"
 #include "logits_params.h"
 
@@ -303,6 +305,142 @@ __global__ void __launch_bounds__(kMaxThreads) rejection_sample_logits_kernel(co
   if (threadIdx.x == 0) p.num_accepted[b] = static_cast<int32_t>(k);
 }
 
+// Tree walk of logits_cpu.cpp tree_request (tree_verify_math.h) with one block per request:
+// every thread runs the same scalar walk (all branch conditions are block-uniform: they
+// depend on block reductions and on the workspace, written by thread 0 before a barrier);
+// vocab-wide steps are block reductions over the current node's row, whose probabilities
+// are computed from its logits and row statistics (entered once per node).
+template <typename T, typename Q>
+__global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kernel(const LogitsTreeParams p) {
+  __shared__ Shared sh;
+  const int64_t b = blockIdx.x, N = p.max_nodes, V = p.vocab;
+  const int64_t n = tree_num_nodes(p.num_nodes, b, N);
+  const RowSampling s = row_sampling(p.sampling.temperature, p.sampling.top_k, p.sampling.top_p, p.sampling.min_p,
+                                     b, V);
+  const T* logits = static_cast<const T*>(p.target_logits) + b * N * V;
+  const Q* draft = static_cast<const Q*>(p.draft_probs);
+  const int64_t* tokens = p.tree_token_ids + b * N;
+  const int64_t* parents = p.parents + b * N;
+  const uint64_t seed = static_cast<uint64_t>(p.seeds[b]);
+  const uint64_t offset = static_cast<uint64_t>(p.offsets[b]);
+  float* z = p.normalizers + b * N;
+  int32_t* zeroed = p.zeroed + b * N;
+  int64_t* out_tokens = p.token_ids + b * N;
+  int32_t* out_path = p.accepted_path + b * N;
+  float* lp = p.logprobs != nullptr ? p.logprobs + b * N : nullptr;
+
+  int64_t u = 0, k = 0;
+  const T* row = logits;
+  const Q* q_row = draft != nullptr ? draft + b * N * V : nullptr;
+  RowStats r = row_stats(row, V, s, sh);
+  if (threadIdx.x == 0) out_path[0] = 0;
+  const auto move_to = [&](int64_t c, int64_t x) {
+    const float value = lp != nullptr ? token_logprob(row, V, x, r, s, sh) : 0.f;
+    if (threadIdx.x == 0) {
+      if (lp != nullptr) lp[k] = value;
+      out_tokens[k] = x;
+      out_path[k + 1] = static_cast<int32_t>(c);
+    }
+    ++k;
+    u = c;
+    row = logits + u * V;
+    if (draft != nullptr) q_row = draft + (b * N + u) * V;
+    r = row_stats(row, V, s, sh);
+  };
+
+  int64_t final_token = 0;
+  if (row_is_greedy(s)) {
+    for (int64_t c = 1; c < n; ++c)
+      if (tree_parent(parents[c], c) == u && tokens[c] == r.argmax) move_to(c, r.argmax);
+    final_token = r.argmax;
+  } else {
+    bool rejected = false;
+    int64_t m = 0;
+    float sum = 0.f;
+    long long nonzero = 0;
+    for (int64_t c = 1; c < n; ++c) {
+      if (tree_parent(parents[c], c) != u) continue;
+      const int64_t x = tokens[c];
+      const bool in_vocab = draft_in_vocab(x, V);
+      const float uc = tree_accept_uniform(seed, offset, c);
+      const float p_x = in_vocab ? stats_prob(load_logit(row, x), r, s.temperature) : 0.f;
+      bool accept;
+      if (draft != nullptr) {
+        const float z_m = tree_normalizer(z, m);
+        const float q_x = in_vocab ? to_float(q_row[x]) : 0.f;
+        accept = in_vocab && tree_accept_draft(uc, tree_residual(p_x, q_x, z, m), z_m, q_x);
+        if (!accept) {
+          float part = 0.f;
+          for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+            const float q = to_float(q_row[i]);
+            part += tree_next_residual(tree_residual(stats_prob(load_logit(row, i), r, s.temperature), q, z, m), z_m,
+                                       q);
+          }
+          const float total = block_sum(part, sh);
+          if (total > 0.f) {
+            if (threadIdx.x == 0) z[m] = total;
+            __syncthreads();
+            ++m;
+          }
+        }
+      } else {
+        if (!rejected) {
+          float part = 0.f;
+          long long count = 0;
+          for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+            const float pi = stats_prob(load_logit(row, i), r, s.temperature);
+            part += pi;
+            count += pi > 0.f;
+          }
+          sum = block_sum(part, sh);
+          nonzero = static_cast<long long>(block_sum(static_cast<float>(count), sh));
+        }
+        const float p_kept = in_vocab && !tree_excluded(x, zeroed, m) ? p_x : 0.f;
+        accept = in_vocab && tree_accept_onehot(uc, sum, p_kept);
+        if (!accept && p_kept > 0.f && nonzero - m > 1) {
+          if (threadIdx.x == 0) zeroed[m] = static_cast<int32_t>(x);
+          __syncthreads();
+          ++m;
+          sum -= p_kept;
+        }
+      }
+      if (accept) {
+        move_to(c, x);
+        rejected = false;
+        m = 0;
+      } else {
+        rejected = true;
+      }
+    }
+    const uint32_t purpose = tree_final_purpose(rejected);
+    ArgMax best = argmax_init();
+    for (int64_t g = threadIdx.x; 4 * g < V; g += blockDim.x) {
+      const Philox4 bits = philox_block(seed, offset, static_cast<uint32_t>(u), purpose, static_cast<uint32_t>(g));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = 4 * g + j;
+        if (i >= V) break;
+        const float pi = stats_prob(load_logit(row, i), r, s.temperature);
+        const float mass = draft != nullptr ? tree_residual(pi, to_float(q_row[i]), z, m)
+                                            : (tree_excluded(i, zeroed, m) ? 0.f : pi);
+        race_update(best, mass, bits.x[j], i);
+      }
+    }
+    final_token = cuda::block_argmax(best, sh.argmax).index;
+  }
+  const float value = lp != nullptr ? token_logprob(row, V, final_token, r, s, sh) : 0.f;
+  if (threadIdx.x == 0) {
+    if (lp != nullptr) lp[k] = value;
+    out_tokens[k] = final_token;
+    p.num_accepted[b] = static_cast<int32_t>(k);
+  }
+  for (int64_t j = k + 1 + threadIdx.x; j < N; j += blockDim.x) {
+    out_tokens[j] = -1;
+    out_path[j] = -1;
+    if (lp != nullptr) lp[j] = NAN;
+  }
+}
+
 template <typename T, typename F>
 void with_draft_type(bool draft_float32, F&& f) {
   if (draft_float32) f(T{}, float{});
@@ -327,6 +465,20 @@ cudaError_t launch_rejection_sample_logits_cuda(const LogitsRejectionParams& par
   const dim3 block(cuda::threads_for_vocab(params.vocab));
   auto launch = [&](auto t, auto q) {
     rejection_sample_logits_kernel<decltype(t), decltype(q)><<<grid, block, 0, stream>>>(params);
+  };
+  switch (params.dtype) {
+    case ProbDType::kFloat32: launch(float{}, float{}); break;
+    case ProbDType::kFloat16: with_draft_type<__half>(params.draft_float32, launch); break;
+    case ProbDType::kBFloat16: with_draft_type<__nv_bfloat16>(params.draft_float32, launch); break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_tree_rejection_sample_logits_cuda(const LogitsTreeParams& params, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(params.batch));
+  const dim3 block(cuda::threads_for_vocab(params.vocab));
+  auto launch = [&](auto t, auto q) {
+    tree_rejection_sample_logits_kernel<decltype(t), decltype(q)><<<grid, block, 0, stream>>>(params);
   };
   switch (params.dtype) {
     case ProbDType::kFloat32: launch(float{}, float{}); break;

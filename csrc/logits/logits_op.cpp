@@ -17,6 +17,7 @@
 namespace specdec {
 cudaError_t launch_process_logits_cuda(const ProcessLogitsParams& params, cudaStream_t stream);
 cudaError_t launch_rejection_sample_logits_cuda(const LogitsRejectionParams& params, cudaStream_t stream);
+cudaError_t launch_tree_rejection_sample_logits_cuda(const LogitsTreeParams& params, cudaStream_t stream);
 }
 #endif
 
@@ -78,11 +79,6 @@ SamplingParams sampling_view(const SamplingTensors& s) {
   v.top_p = s.top_p.defined() ? s.top_p.const_data_ptr<float>() : nullptr;
   v.min_p = s.min_p.defined() ? s.min_p.const_data_ptr<float>() : nullptr;
   return v;
-}
-
-void require_cpu(const at::Tensor& t, const char* op) {
-  TORCH_CHECK(t.is_cpu(), op, " has no CUDA kernel: use backend='triton' or 'reference' for CUDA tensors, got ",
-              t.device());
 }
 
 void check_logits(const at::Tensor& logits, const char* name) {
@@ -280,7 +276,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample
   }
   check_rng(seeds, offsets, batch, target_logits);
   const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, target_logits);
-  require_cpu(target_logits, "tree_rejection_sample_logits");
   const auto target = target_logits.contiguous();
   const auto tokens = tree_token_ids.contiguous().to(at::kLong);
   const auto par = parents.contiguous().to(at::kLong);
@@ -316,7 +311,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample
   p.accepted_path = accepted_path.mutable_data_ptr<int32_t>();
   p.num_accepted = num_accepted.mutable_data_ptr<int32_t>();
   p.logprobs = return_logprobs ? logprobs.mutable_data_ptr<float>() : nullptr;
-  tree_rejection_sample_logits_cpu(p);
+  p.normalizers = nullptr;
+  p.zeroed = nullptr;
+  if (target.is_cpu()) {
+    tree_rejection_sample_logits_cpu(p);  // per-request scratch of its own
+  } else {
+#ifdef SPECDEC_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(target.device());
+    auto normalizers = at::empty({batch, nodes}, opts.dtype(at::kFloat));
+    auto zeroed = at::empty({batch, nodes}, opts.dtype(at::kInt));
+    p.normalizers = normalizers.mutable_data_ptr<float>();
+    p.zeroed = zeroed.mutable_data_ptr<int32_t>();
+    C10_CUDA_CHECK(launch_tree_rejection_sample_logits_cuda(p, at::cuda::getCurrentCUDAStream()));
+#else
+    TORCH_CHECK(false, "specdec_ops was built without CUDA kernels");
+#endif
+  }
   return {token_ids, accepted_path, num_accepted, logprobs};
 }
 
@@ -330,11 +340,11 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
 }
 
 #ifdef SPECDEC_WITH_CUDA
-// tree_rejection_sample_logits has no CUDA kernel: on CUDA tensors it runs on Triton or the reference.
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("process_logits", &process_logits);
   m.impl("rejection_sample_logits", &rejection_sample_logits);
   m.impl("rejection_sample_logits_packed", &rejection_sample_logits_packed);
+  m.impl("tree_rejection_sample_logits", &tree_rejection_sample_logits);
 }
 #endif
 

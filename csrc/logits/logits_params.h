@@ -65,6 +65,8 @@ struct LogitsTreeParams {
   int64_t vocab;
   ProbDType dtype;
   bool draft_float32;
+  float* normalizers;              // CUDA workspace [B, N]: Z_1 .. Z_m at the current node (draft_probs)
+  int32_t* zeroed;                 // CUDA workspace [B, N]: tokens zeroed at the current node (one-hot)
   int64_t* token_ids;              // out [B, N]
   int32_t* accepted_path;          // out [B, N]
   int32_t* num_accepted;           // out [B]
