@@ -36,5 +36,6 @@ compile_all(tree_rejection_sample_logits_kernel,
                  accepted_path_ptr="*i32", num_accepted_ptr="*i32", logprobs_ptr="*fp32", vocab="i32", nodes="i32",
                  **params),
             [dict(flags[0], HAS_NUM_NODES=True, HAS_DRAFT_PROBS=has_q, LOGPROBS=True, BLOCK_N=64, BLOCK=1024)
-             for has_q in (False, True)])
+             for has_q in (False, True)]
+            + [dict(flags[1], HAS_NUM_NODES=False, HAS_DRAFT_PROBS=False, LOGPROBS=False, BLOCK_N=16, BLOCK=1024)])
 print("compiled")
