@@ -32,7 +32,7 @@ namespace {
 using namespace cuda;
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSM = 3;   // __launch_bounds__ minimum: caps registers at 80 (65536 / 768, granule 8)
+constexpr int kBlocksPerSM = 2;   // launch bounds: <= 128 registers; 512 threads per SM, 2-4 loads in flight each
 constexpr int kRaceUnroll = 2;    // groups per thread per step in the race: 2 x (p, q) 16-byte loads in flight
 constexpr int kArgmaxUnroll = 4;  // greedy: 4 x 16-byte loads in flight
 
@@ -63,67 +63,98 @@ __device__ __forceinline__ ArgMax load_partial(const ArgMax* slot) {
   return ArgMax{__ldcg(&slot->score), static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(&slot->index)))};
 }
 
-// The race over groups [range) of p_row: residual max(p - q, 0) with its fallback
-// over p (q_row null and draft >= 0: one-hot q at `draft`), or the bonus race over p.
-template <typename T>
-__device__ ResidualRace race_range(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t draft,
-                                   bool residual, int64_t vocab, GroupRange range, uint64_t seed, uint64_t offset,
-                                   uint32_t position) {
-  const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
-  const bool p_aligned = aligned4(p_row), q_aligned = aligned4(q_row);
-  const bool dense_q = residual && q_row != nullptr;
-  ResidualRace race = residual_race_init();
-  for (int64_t g0 = range.begin + threadIdx.x; g0 < range.end; g0 += kRaceUnroll * kThreads) {
-    float pv[kRaceUnroll][4], qv[kRaceUnroll][4];
+// One Philox group (entries 4g .. 4g+3) of a race; kChecked: entries past `vocab` are skipped.
+template <bool kResidual, bool kDenseQ, bool kChecked>
+__device__ __forceinline__ void race_group(ResidualRace& race, const float pv[4], const float qv[4], int64_t g,
+                                           int64_t draft, int64_t vocab, uint64_t seed, uint64_t offset,
+                                           uint32_t position) {
+  const Philox4 bits = philox_block(seed, offset, position, kResidual ? kPurposeResidual : kPurposeBonus,
+                                    static_cast<uint32_t>(g));
 #pragma unroll
-    for (int k = 0; k < kRaceUnroll; ++k) {  // every load of the step before any use
-      const int64_t g = g0 + k * kThreads;
-      const int64_t i0 = g < range.end ? 4 * g : vocab;  // past the range: reads nothing
-      load4(p_row, vocab, i0, p_aligned, pv[k]);
-      if (dense_q) load4(q_row, vocab, i0, q_aligned, qv[k]);
+  for (int j = 0; j < 4; ++j) {
+    const int64_t i = 4 * g + j;
+    if (kChecked && i >= vocab) break;
+    if (kResidual) {
+      const float q = kDenseQ ? qv[j] : (i == draft ? 1.f : 0.f);
+      residual_race_update(race, pv[j], q, bits.x[j], i);
+    } else {
+      bonus_race_update(race, pv[j], bits.x[j], i);
     }
+  }
+}
+
+// The race over groups [range) of p_row: residual max(p - q, 0) with its fallback over
+// p (kDenseQ: q from q_row, else one-hot q at `draft`), or the bonus race over p
+// (!kResidual). Compiled once per mode and alignment. Each thread takes the groups
+// threadIdx.x + k * kThreads of the range: first in steps of kRaceUnroll groups that
+// lie wholly inside the vocab (every load of a step issued before any use, no bounds
+// checks), then the few groups left one by one, checked.
+template <typename T, bool kResidual, bool kDenseQ, bool kAligned>
+__device__ ResidualRace race_range(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t draft,
+                                   int64_t vocab, GroupRange range, uint64_t seed, uint64_t offset,
+                                   uint32_t position) {
+  ResidualRace race = residual_race_init();
+  const int64_t full_end = range.end < vocab / 4 ? range.end : vocab / 4;  // groups with 4 entries in the vocab
+  int64_t g0 = range.begin + threadIdx.x;
+  for (; g0 + (kRaceUnroll - 1) * kThreads < full_end; g0 += kRaceUnroll * kThreads) {
+    float pv[kRaceUnroll][4], qv[kRaceUnroll][4] = {};
 #pragma unroll
     for (int k = 0; k < kRaceUnroll; ++k) {
-      const int64_t g = g0 + k * kThreads;
-      if (g >= range.end) break;
-      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t i = 4 * g + j;
-        if (i >= vocab) break;
-        if (residual) {
-          const float q = dense_q ? qv[k][j] : (i == draft ? 1.f : 0.f);
-          residual_race_update(race, pv[k][j], q, bits.x[j], i);
-        } else {
-          bonus_race_update(race, pv[k][j], bits.x[j], i);
-        }
-      }
+      load4(p_row, vocab, 4 * (g0 + k * kThreads), kAligned, pv[k]);
+      if (kDenseQ) load4(q_row, vocab, 4 * (g0 + k * kThreads), kAligned, qv[k]);
     }
+#pragma unroll
+    for (int k = 0; k < kRaceUnroll; ++k)
+      race_group<kResidual, kDenseQ, false>(race, pv[k], qv[k], g0 + k * kThreads, draft, vocab, seed, offset,
+                                            position);
+  }
+  for (int64_t g = g0; g < range.end; g += kThreads) {
+    float pv[4], qv[4] = {};
+    load4(p_row, vocab, 4 * g, false, pv);
+    if (kDenseQ) load4(q_row, vocab, 4 * g, false, qv);
+    race_group<kResidual, kDenseQ, true>(race, pv, qv, g, draft, vocab, seed, offset, position);
   }
   return race;
 }
 
-// argmax of prob_mass over groups [range) of a row (first index on ties).
-template <typename T>
+template <typename T, bool kResidual, bool kDenseQ>
+__device__ ResidualRace race_range(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t draft,
+                                   int64_t vocab, GroupRange range, uint64_t seed, uint64_t offset,
+                                   uint32_t position) {
+  if (aligned4(p_row) && (!kDenseQ || aligned4(q_row)))
+    return race_range<T, kResidual, kDenseQ, true>(p_row, q_row, draft, vocab, range, seed, offset, position);
+  return race_range<T, kResidual, kDenseQ, false>(p_row, q_row, draft, vocab, range, seed, offset, position);
+}
+
+// argmax of prob_mass over groups [range) of a row (first index on ties), in the
+// same two phases as race_range.
+template <typename T, bool kAligned>
 __device__ ArgMax argmax_range(const T* __restrict__ row, int64_t vocab, GroupRange range) {
-  const bool aligned = aligned4(row);
   ArgMax best = argmax_init();
-  for (int64_t g0 = range.begin + threadIdx.x; g0 < range.end; g0 += kArgmaxUnroll * kThreads) {
+  const int64_t full_end = range.end < vocab / 4 ? range.end : vocab / 4;
+  int64_t g0 = range.begin + threadIdx.x;
+  for (; g0 + (kArgmaxUnroll - 1) * kThreads < full_end; g0 += kArgmaxUnroll * kThreads) {
     float v[kArgmaxUnroll][4];
 #pragma unroll
-    for (int k = 0; k < kArgmaxUnroll; ++k) {
-      const int64_t g = g0 + k * kThreads;
-      load4(row, vocab, g < range.end ? 4 * g : vocab, aligned, v[k]);
-    }
+    for (int k = 0; k < kArgmaxUnroll; ++k) load4(row, vocab, 4 * (g0 + k * kThreads), kAligned, v[k]);
 #pragma unroll
-    for (int k = 0; k < kArgmaxUnroll; ++k) {
-      const int64_t g = g0 + k * kThreads;
+    for (int k = 0; k < kArgmaxUnroll; ++k)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (g < range.end && 4 * g + j < vocab) argmax_update(best, prob_mass(v[k][j]), 4 * g + j);
-    }
+      for (int j = 0; j < 4; ++j) argmax_update(best, prob_mass(v[k][j]), 4 * (g0 + k * kThreads) + j);
+  }
+  for (int64_t g = g0; g < range.end; g += kThreads) {
+    float v[4];
+    load4(row, vocab, 4 * g, false, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (4 * g + j < vocab) argmax_update(best, prob_mass(v[j]), 4 * g + j);
   }
   return best;
+}
+
+template <typename T>
+__device__ ArgMax argmax_range(const T* __restrict__ row, int64_t vocab, GroupRange range) {
+  return aligned4(row) ? argmax_range<T, true>(row, vocab, range) : argmax_range<T, false>(row, vocab, range);
 }
 
 // Merge of slot `slot` of all parts of request b (every thread gets the result).
@@ -177,9 +208,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) rejection_sample_kerne
     accepted = first_rejected;
     const bool residual = accepted < n;
     const T* q_row = residual && draft != nullptr ? draft + (rows.draft_base + accepted) * vocab : nullptr;
-    ResidualRace race = race_range(target + (rows.target_base + accepted) * vocab, q_row,
-                                   residual ? ids[accepted] : -1, residual, vocab, range, seed, offset,
-                                   static_cast<uint32_t>(accepted));
+    const T* p_row = target + (rows.target_base + accepted) * vocab;
+    const uint32_t position = static_cast<uint32_t>(accepted);
+    ResidualRace race =
+        !residual ? race_range<T, false, false>(p_row, nullptr, -1, vocab, range, seed, offset, position)
+        : q_row != nullptr
+            ? race_range<T, true, true>(p_row, q_row, -1, vocab, range, seed, offset, position)
+            : race_range<T, true, false>(p_row, nullptr, ids[accepted], vocab, range, seed, offset, position);
     race.residual = block_argmax(race.residual, smem);
     race.fallback = block_argmax(race.fallback, smem);
     if (threadIdx.x == 0) {
