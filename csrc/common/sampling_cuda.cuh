@@ -74,21 +74,6 @@ __device__ __forceinline__ ArgMax block_argmax(ArgMax a, ArgMax* smem) {
   return result;
 }
 
-// argmax of prob_mass over one row (greedy verification), first index on ties.
-template <typename T>
-__device__ int64_t row_argmax(const T* __restrict__ row, int64_t vocab, ArgMax* smem) {
-  const bool aligned = aligned4(row);
-  ArgMax best = argmax_init();
-  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
-    float v[4];
-    load4(row, vocab, 4 * g, aligned, v);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (4 * g + j < vocab) argmax_update(best, prob_mass(v[j]), 4 * g + j);
-  }
-  return block_argmax(best, smem).index;
-}
-
 // Threads per block for rows of `vocab` entries read 4 at a time: a power of two in [32, 1024].
 inline int threads_for_vocab(int64_t vocab) {
   int threads = 32;
