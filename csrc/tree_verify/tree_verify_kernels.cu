@@ -94,10 +94,10 @@ __device__ void block_sum(float v[2], long long c[2], int vthreads, Scratch& s, 
 // Calls f(h, g, pv, qv) for every group g of virtual thread threadIdx.x + h * blockDim.x
 // (h = 0, 1), each virtual thread's groups in increasing order; both groups of a step
 // are loaded before either is used. Entries past the vocab read 0; qv is 0 without q.
-template <bool kHasQ, typename T, typename F>
-__device__ __forceinline__ void for_each_group(const T* __restrict__ p_row, const T* __restrict__ q_row,
-                                               int64_t vocab, int vthreads, F&& f) {
-  const bool aligned = aligned4(p_row) && (!kHasQ || aligned4(q_row));
+// Compiled once per alignment so that the aligned loop holds only 16-byte loads.
+template <bool kHasQ, bool kAligned, typename T, typename F>
+__device__ __forceinline__ void for_each_group_aligned(const T* __restrict__ p_row, const T* __restrict__ q_row,
+                                                       int64_t vocab, int vthreads, F& f) {
   const int64_t groups = (vocab + 3) / 4, half = blockDim.x;
   for (int64_t base = threadIdx.x; base < groups; base += vthreads) {
     float pv[2][4], qv[2][4] = {};
@@ -106,13 +106,22 @@ __device__ __forceinline__ void for_each_group(const T* __restrict__ p_row, cons
     for (int h = 0; h < 2; ++h) {
       const int64_t g = base + h * half;
       live[h] = threadIdx.x + h * half < vthreads && g < groups;
-      load4(p_row, vocab, live[h] ? 4 * g : vocab, aligned, pv[h]);
-      if (kHasQ) load4(q_row, vocab, live[h] ? 4 * g : vocab, aligned, qv[h]);
+      load4(p_row, vocab, live[h] ? 4 * g : vocab, kAligned, pv[h]);
+      if (kHasQ) load4(q_row, vocab, live[h] ? 4 * g : vocab, kAligned, qv[h]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (live[h]) f(h, base + h * half, pv[h], qv[h]);
   }
+}
+
+template <bool kHasQ, typename T, typename F>
+__device__ __forceinline__ void for_each_group(const T* __restrict__ p_row, const T* __restrict__ q_row,
+                                               int64_t vocab, int vthreads, F&& f) {
+  if (aligned4(p_row) && (!kHasQ || aligned4(q_row)))
+    for_each_group_aligned<kHasQ, true>(p_row, q_row, vocab, vthreads, f);
+  else
+    for_each_group_aligned<kHasQ, false>(p_row, q_row, vocab, vthreads, f);
 }
 
 template <typename T>
