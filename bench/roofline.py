@@ -610,7 +610,7 @@ def _measure_attention():
         vc = torch.randn_like(kc)
         prefix = torch.full((a["batch"],), a["prefix"], dtype=torch.int64, device="cuda")
         parents = torch.tensor([-1] + list(range(a["nodes"] - 1)), device="cuda").expand(a["batch"], -1)
-        mask = specdec_ops.tree_attention_mask(parents.contiguous())
+        mask = specdec_ops.build_tree(parents.contiguous()).mask
         tree = _time(lambda: specdec_ops.tree_attention(q, kc, vc, prefix, mask, backend="triton"))
         qd = q[:, :1].transpose(1, 2)
         kd, vd = kc[:, :a["prefix"]].transpose(1, 2), vc[:, :a["prefix"]].transpose(1, 2)
