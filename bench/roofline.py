@@ -19,9 +19,10 @@ Model and its assumptions (each one a place where a GPU measurement can correct 
   reads count a 32-byte sector each. The minimum is what any implementation must move for the same result.
 * The hot loop is the innermost loop (a backward branch in the SASS) holding the kernel's vocab-wide loads
   (and, for races, the Philox rounds). Its instructions are counted statically, without the basic blocks
-  that compute the race's log (MUFU.LG2: run only for entries that may still win, a vanishing fraction);
-  per element = that count / (elements one thread handles per trip, from the widths of the loads in the
-  body). Issue time = trips x warps x instructions / (busy SMs x 4 x clock).
+  around the race's log (MUFU.LG2 or logf's polynomial: run only for entries that may still win, a
+  vanishing fraction, or while a race is empty);
+  per element = that count / (elements one thread handles per trip: the bytes of the body's widest loads,
+  the streamed rows, over the bytes of one element of every stream). Issue time = trips x warps x instructions / (busy SMs x 4 x clock).
 * Latency time = waves x sequential passes x trips per thread per pass x LATENCY_S: each trip waits for
   its loads once (all the loads of one trip are issued before their first use).
 * predicted = LAUNCH_S + max(bytes / bandwidth, issue time, latency time); % of peak = the time the
@@ -338,13 +339,22 @@ def _branch_target(ins):
     return int(m.group(1), 16) if m else None
 
 
-def hot_loop(sass, kind, streams):
+def philox_groups(body):
+    """Philox blocks in a stretch of SASS: each of the 10 rounds multiplies by 0xD2511F53 once (one
+    IMAD.WIDE.U32, or an IMAD.HI.U32 with a separate low product)."""
+    mults = sum(1 for x in body if PHILOX_CONSTANT in x and ("IMAD.WIDE.U32" in x or "IMAD.HI.U32" in x))
+    groups = mults / 10
+    return groups if groups >= 1 and groups == int(groups) else 0  # else the constant sits in a register
+
+
+def hot_loop(sass, kind, streams, elem_bytes=4):
     """The hot loop of `kind` (see Case.loop) -> (body instructions, cold instruction count) or None.
 
     Loops are backward branches; of those holding the loads (and, for races, the Philox rounds) the innermost
     are kept, then those with the widest loads (the vectorized path), and of several versions of one source
     loop the one with the most load bytes when the case reads several streams, else the one with the fewest. Cold instructions are those of the
-    race's log path: the smallest forward-branch region around each log marker."""
+    race's log path: the largest forward-branch region around each log marker that holds no random bits and
+    no loads (the path an entry takes only when it may still win, or when a race is still empty)."""
     index = {addr: i for i, (addr, _) in enumerate(sass)}
     loops = []
     for i, (addr, ins) in enumerate(sass):
@@ -367,12 +377,22 @@ def hot_loop(sass, kind, streams):
             continue
         if kind == "mma" and not re.search(r"\b(HMMA|HGMMA)", text):
             continue
-        cands.append((lo, hi, nload, max(load_bytes(x) for x in body)))
+        widest = max(load_bytes(x) for x in body)
+        cands.append((lo, hi, sum(load_bytes(x) for x in body if load_bytes(x) == widest), widest))
     inner = [c for c in cands if not any(o is not c and c[0] <= o[0] and o[1] <= c[1] for o in cands)]
     if not inner:
         return None
     widest = max(c[3] for c in inner)
     inner = [c for c in inner if c[3] == widest]
+    def bases(c):  # distinct address registers of the widest loads: one per streamed row
+        found = set()
+        for _, x in sass[c[0]:c[1] + 1]:
+            if load_bytes(x) == c[3]:
+                m = re.search(r"\[(R\d+)(?:\.64)?", x)
+                if m:
+                    found.add(m.group(1))
+        return len(found)
+    inner = [c for c in inner if bases(c) == streams] or inner
     lo, hi = (max if streams > 1 else min)(inner, key=lambda c: (c[2], c[0]))[:2]
     cold = set()
     for j in range(lo, hi + 1):
@@ -383,7 +403,10 @@ def hot_loop(sass, kind, streams):
             t = _branch_target(sass[i][1])
             if t is not None and t > sass[j][0] and t in index and index[t] <= hi + 1:
                 region = (i + 1, index[t])
-                if best is None or region[1] - region[0] < best[1] - best[0]:
+                text = [sass[k][1] for k in range(*region)]
+                if any(PHILOX_CONSTANT in x or load_bytes(x) for x in text):
+                    continue  # the region holds hot work (random bits or loads): not a skipped path
+                if best is None or region[1] - region[0] > best[1] - best[0]:
                     best = region
         if best is not None:
             cold.update(range(*best))
@@ -497,7 +520,7 @@ def predict(case, res):
     else:
         grid, per_item = case.items, 1
     waves = -(-grid // (SMS * max(occ, 1)))
-    loop = hot_loop(res["sass"] or [], case.loop, case.streams)
+    loop = hot_loop(res["sass"] or [], case.loop, case.streams, case.elem_bytes)
     row = dict(regs=res["regs"], spills=res["spills"], smem=res["shared"], threads=threads, ctas_per_sm=occ,
                grid=grid, sms_busy=min(grid, SMS), waves=waves, bytes_mb=case.bytes_moved / 1e6,
                bytes_vs_min=case.bytes_moved / case.min_bytes)
@@ -506,7 +529,8 @@ def predict(case, res):
     if loop is not None:
         body, cold = loop
         hot = len(body) - cold
-        per_trip_bytes = sum(load_bytes(x) for x in body)
+        widest = max(load_bytes(x) for x in body)
+        per_trip_bytes = sum(load_bytes(x) for x in body if load_bytes(x) == widest)  # the streamed rows
         elems_per_trip = per_trip_bytes / (case.streams * case.elem_bytes)
         trips = math.ceil(case.elems_per_pass / per_item / (threads * elems_per_trip)) if elems_per_trip else 0
         warps_total = grid * (threads // 32)

@@ -47,6 +47,24 @@ __device__ __forceinline__ void load4(const T* __restrict__ row, int64_t vocab, 
   }
 }
 
+// Four consecutive entries i0 .. i0+3 that all lie inside the row (no bounds checks):
+// one 16-byte (fp32) or 8-byte (half types) load when kAligned.
+template <bool kAligned, typename T>
+__device__ __forceinline__ void load4_full(const T* __restrict__ row, int64_t i0, float out[4]) {
+  if constexpr (kAligned && sizeof(T) == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(row + i0);
+    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+  } else if constexpr (kAligned) {
+    const uint2 v = *reinterpret_cast<const uint2*>(row + i0);
+    const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = to_float(h[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = to_float(row[i0 + j]);
+  }
+}
+
 __device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {

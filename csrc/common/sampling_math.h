@@ -84,14 +84,15 @@ SPECDEC_HD bool race_may_win(float mass, float u, float best) {
 }
 
 // One entry of a race: updates `best` with index's score (0 for no mass; entries
-// that provably cannot win are skipped without computing their log).
+// that provably cannot win are skipped without computing their log). A score of 0
+// changes nothing once best is positive (0 is neither above nor equal to it), so
+// such an update is skipped too: the common path of an entry is the skip test and
+// one branch; scores are computed only on the rare path.
 SPECDEC_HD void race_update(ArgMax& best, float mass, uint32_t bits, int64_t index) {
-  if (!(mass > 0.f)) {
-    argmax_update(best, 0.f, index);
-    return;
-  }
+  const bool has_mass = mass > 0.f;
   const float u = bits_to_uniform(bits);
-  if (race_may_win(mass, u, best.score)) argmax_update(best, mass / uniform_noise(u), index);
+  if (has_mass ? race_may_win(mass, u, best.score) : !(best.score > 0.f))
+    argmax_update(best, has_mass ? mass / uniform_noise(u) : 0.f, index);
 }
 
 // The draft token used in acceptance: an id outside [0, V) is always rejected

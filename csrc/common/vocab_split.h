@@ -48,6 +48,12 @@ SPECDEC_HD int64_t vocab_parts_for(int64_t batch, int64_t vocab, int64_t residen
   return parts < 1 ? 1 : parts;
 }
 
+// argmax_update for indices that arrive in increasing order (one thread's walk over
+// its own groups): a tie never replaces the earlier index, so one comparison does.
+SPECDEC_HD void argmax_update_ascending(ArgMax& best, float score, int64_t index) {
+  if (score > best.score) best = ArgMax{score, index};
+}
+
 // The race after a rejected draft: over the residual max(p - q, 0), falling back
 // to a race over p (same random numbers) when the residual has no mass anywhere in
 // the row (rounding). Both run in one pass with one race update per entry in the

@@ -33,7 +33,9 @@ using namespace cuda;
 
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSM = 2;   // launch bounds: <= 128 registers; 512 threads per SM, 2-4 loads in flight each
-constexpr int kRaceUnroll = 2;    // groups per thread per step in the race: 2 x (p, q) 16-byte loads in flight
+// Groups per thread per step of a race: 4 16-byte loads in flight (2 of p and 2 of q with draft probs).
+template <bool kDenseQ>
+constexpr int kRaceUnroll = kDenseQ ? 2 : 4;
 constexpr int kArgmaxUnroll = 4;  // greedy: 4 x 16-byte loads in flight
 
 // Workspace: a uint32 counter per request (padded to 16 bytes), then per request
@@ -96,15 +98,15 @@ __device__ ResidualRace race_range(const T* __restrict__ p_row, const T* __restr
   ResidualRace race = residual_race_init();
   const int64_t full_end = range.end < vocab / 4 ? range.end : vocab / 4;  // groups with 4 entries in the vocab
   int64_t g0 = range.begin + threadIdx.x;
-  for (; g0 + (kRaceUnroll - 1) * kThreads < full_end; g0 += kRaceUnroll * kThreads) {
-    float pv[kRaceUnroll][4], qv[kRaceUnroll][4] = {};
+  for (; g0 + (kRaceUnroll<kDenseQ> - 1) * kThreads < full_end; g0 += kRaceUnroll<kDenseQ> * kThreads) {
+    float pv[kRaceUnroll<kDenseQ>][4], qv[kRaceUnroll<kDenseQ>][4] = {};
 #pragma unroll
-    for (int k = 0; k < kRaceUnroll; ++k) {
-      load4(p_row, vocab, 4 * (g0 + k * kThreads), kAligned, pv[k]);
-      if (kDenseQ) load4(q_row, vocab, 4 * (g0 + k * kThreads), kAligned, qv[k]);
+    for (int k = 0; k < kRaceUnroll<kDenseQ>; ++k) {
+      load4_full<kAligned>(p_row, 4 * (g0 + k * kThreads), pv[k]);
+      if (kDenseQ) load4_full<kAligned>(q_row, 4 * (g0 + k * kThreads), qv[k]);
     }
 #pragma unroll
-    for (int k = 0; k < kRaceUnroll; ++k)
+    for (int k = 0; k < kRaceUnroll<kDenseQ>; ++k)
       race_group<kResidual, kDenseQ, false>(race, pv[k], qv[k], g0 + k * kThreads, draft, vocab, seed, offset,
                                             position);
   }
@@ -127,7 +129,7 @@ __device__ ResidualRace race_range(const T* __restrict__ p_row, const T* __restr
 }
 
 // argmax of prob_mass over groups [range) of a row (first index on ties), in the
-// same two phases as race_range.
+// same two phases as race_range; each thread meets its indices in increasing order.
 template <typename T, bool kAligned>
 __device__ ArgMax argmax_range(const T* __restrict__ row, int64_t vocab, GroupRange range) {
   ArgMax best = argmax_init();
@@ -136,18 +138,18 @@ __device__ ArgMax argmax_range(const T* __restrict__ row, int64_t vocab, GroupRa
   for (; g0 + (kArgmaxUnroll - 1) * kThreads < full_end; g0 += kArgmaxUnroll * kThreads) {
     float v[kArgmaxUnroll][4];
 #pragma unroll
-    for (int k = 0; k < kArgmaxUnroll; ++k) load4(row, vocab, 4 * (g0 + k * kThreads), kAligned, v[k]);
+    for (int k = 0; k < kArgmaxUnroll; ++k) load4_full<kAligned>(row, 4 * (g0 + k * kThreads), v[k]);
 #pragma unroll
     for (int k = 0; k < kArgmaxUnroll; ++k)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) argmax_update(best, prob_mass(v[k][j]), 4 * (g0 + k * kThreads) + j);
+      for (int j = 0; j < 4; ++j) argmax_update_ascending(best, prob_mass(v[k][j]), 4 * (g0 + k * kThreads) + j);
   }
   for (int64_t g = g0; g < range.end; g += kThreads) {
     float v[4];
     load4(row, vocab, 4 * g, false, v);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      if (4 * g + j < vocab) argmax_update(best, prob_mass(v[j]), 4 * g + j);
+      if (4 * g + j < vocab) argmax_update_ascending(best, prob_mass(v[j]), 4 * g + j);
   }
   return best;
 }

@@ -83,7 +83,7 @@ int64_t split_argmax(const std::vector<float>& p, int64_t parts, int64_t threads
     for (int64_t t = 0; t < threads; ++t) {
       ArgMax mine = argmax_init();
       for (int64_t g = range.begin + t; g < range.end; g += threads)
-        for (int64_t i = 4 * g; i < 4 * g + 4 && i < vocab; ++i) argmax_update(mine, prob_mass(p[i]), i);
+        for (int64_t i = 4 * g; i < 4 * g + 4 && i < vocab; ++i) argmax_update_ascending(mine, prob_mass(p[i]), i);
       all = argmax_merge(mine, all);
     }
   }
@@ -135,10 +135,22 @@ void test_split_race_equals_single_pass() {
     }
     CHECK(split_race(p, nullptr, seed, kPurposeBonus, parts, threads, unroll) ==
           single_pass_race(p, nullptr, seed, kPurposeBonus));
-    CHECK(split_argmax(p, parts, threads) == split_argmax(p, 1, 1));
+    ArgMax full = argmax_init();
+    for (int64_t i = 0; i < vocab; ++i) argmax_update(full, prob_mass(p[i]), i);
+    CHECK(split_argmax(p, parts, threads) == full.index);
     if (shape == 3) ++fallbacks;
   }
   CHECK(fallbacks > 0);  // the empty-residual fallback was exercised
+  // Ties: many entries share the maximum; the first index must win however the row is split.
+  for (int trial = 0; trial < 50; ++trial) {
+    const int64_t vocab = 50 + static_cast<int64_t>(next_u32() % 3000);
+    std::vector<float> p(vocab);
+    for (int64_t i = 0; i < vocab; ++i) p[i] = (next_u32() % 5 == 0) ? 0.5f : 0.25f * next_unit();
+    int64_t first = 0;
+    while (p[first] != 0.5f && first + 1 < vocab) ++first;
+    if (p[first] != 0.5f) continue;
+    CHECK(split_argmax(p, 1 + next_u32() % 9, 1 + next_u32() % 64) == first);
+  }
 }
 
 // A row whose residual is empty except for one entry near the end: parts that see
