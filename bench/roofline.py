@@ -21,7 +21,7 @@ Model and its assumptions (each one a place where a GPU measurement can correct 
   (and, for races, the Philox rounds). Its instructions are counted statically, without the basic blocks
   around the race's log (MUFU.LG2 or logf's polynomial: run only for entries that may still win, a
   vanishing fraction, or while a race is empty);
-  per element = that count / (elements one thread handles per trip: the bytes of the body's widest loads,
+  per element = that count / (elements one thread handles per trip: the bytes of the body's vector loads,
   the streamed rows, over the bytes of one element of every stream). Issue time = trips x warps x instructions / (busy SMs x 4 x clock).
 * Latency time = waves x sequential passes x trips per thread per pass x LATENCY_S: each trip waits for
   its loads once (all the loads of one trip are issued before their first use).
@@ -101,6 +101,7 @@ class Case:
     triton: dict | None = None   # types, constexprs, num_warps, num_stages
     grid: object = None          # callable(resources) -> (grid blocks, blocks per item), else from launch bounds
     measure: object = None       # callable() -> seconds on a GPU
+    elems_per_trip: float = 0.0  # per thread; 0: from the loop's vector loads (mma tiles: BLOCK_N / threads)
 
 
 def _rows(n, elem=4):
@@ -215,7 +216,8 @@ def attention_cases():
                     constexprs=dict(PAGED=False, SKIP_PREFIX=False, BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=128,
                                     IEEE=False),
                     num_warps=4, num_stages=2),
-        grid=lambda res: (programs * splits, 1), measure=_measure_attention())]
+        grid=lambda res: (programs * splits, 1), measure=_measure_attention(),
+        elems_per_trip=64 / 128)]  # BLOCK_N keys per trip over 4 warps
 
 
 def all_cases():
@@ -392,7 +394,8 @@ def hot_loop(sass, kind, streams, elem_bytes=4):
                 if m:
                     found.add(m.group(1))
         return len(found)
-    inner = [c for c in inner if bases(c) == streams] or inner
+    if kind == "race":
+        inner = [c for c in inner if bases(c) == streams] or inner
     lo, hi = (max if streams > 1 else min)(inner, key=lambda c: (c[2], c[0]))[:2]
     cold = set()
     for j in range(lo, hi + 1):
@@ -529,9 +532,9 @@ def predict(case, res):
     if loop is not None:
         body, cold = loop
         hot = len(body) - cold
-        widest = max(load_bytes(x) for x in body)
-        per_trip_bytes = sum(load_bytes(x) for x in body if load_bytes(x) == widest)  # the streamed rows
-        elems_per_trip = per_trip_bytes / (case.streams * case.elem_bytes)
+        vector = [load_bytes(x) for x in body if load_bytes(x) >= 8]  # the streamed rows (scalars: indices)
+        per_trip_bytes = sum(vector) or sum(load_bytes(x) for x in body)
+        elems_per_trip = case.elems_per_trip or per_trip_bytes / (case.streams * case.elem_bytes)
         trips = math.ceil(case.elems_per_pass / per_item / (threads * elems_per_trip)) if elems_per_trip else 0
         warps_total = grid * (threads // 32)
         t_issue = case.passes * trips * warps_total * hot / (min(grid, SMS) * ISSUE_PER_SM * CLOCK_HZ)
