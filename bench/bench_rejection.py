@@ -78,42 +78,73 @@ def run_cpu(args):
     return table
 
 
-def bytes_read(probs, draft_probs, out):
+def bytes_read(probs, draft_probs, out, greedy=False):
     """Bytes the kernel must read: per request one raced row of p, plus q's row when the race is a
-    residual with draft probabilities, plus the acceptance gathers (p(x), q(x) per tried draft)."""
+    residual with draft probabilities, plus the acceptance gathers (p(x), q(x) per tried draft);
+    greedy: the rows up to and including the first mismatch (every row when all are accepted)."""
     elem = probs.element_size()
     vocab = probs.shape[-1]
+    if greedy:
+        return int((out.num_accepted + 1).sum()) * vocab * elem
     residual = out.num_accepted < K
     rows = probs.shape[0] + (int(residual.sum()) if draft_probs is not None else 0)
     gathers = int((out.num_accepted + residual.int()).sum()) * (2 if draft_probs is not None else 1)
     return rows * vocab * elem + gathers * elem
 
 
+def check_split_invariance():
+    """The CUDA kernel splits each request's vocabulary into a number of blocks that depends on the
+    batch size and the SM count: the same request must give the same tokens alone (most blocks) and
+    inside a large batch (one block), in every mode. Prints the result; raises on a mismatch."""
+    vocab, big = 128256, 1024
+    target, draft, ids, seeds, offsets = make_logits(big, vocab, "cuda", seed=7)
+    probs, q = torch.softmax(target, -1), torch.softmax(draft, -1)
+    n = torch.randint(0, K + 1, (big,), device="cuda")
+    greedy = torch.arange(big, device="cuda") % 3 == 0
+    for draft_probs in (q, None):
+        full = specdec_ops.rejection_sample(probs, ids, n, draft_probs, seeds=seeds, offsets=offsets,
+                                            greedy=greedy, backend="cuda")
+        for b in (0, 1, 2, 500):
+            one = specdec_ops.rejection_sample(probs[b:b + 1], ids[b:b + 1], n[b:b + 1],
+                                               None if draft_probs is None else draft_probs[b:b + 1],
+                                               seeds=seeds[b:b + 1], offsets=offsets[b:b + 1],
+                                               greedy=greedy[b:b + 1], backend="cuda")
+            if not torch.equal(one.token_ids[0], full.token_ids[b]):
+                raise AssertionError(f"vocab split changes request {b}: {one.token_ids[0].tolist()} alone, "
+                                     f"{full.token_ids[b].tolist()} in a batch of {big}")
+    print("split invariance: request alone == request in a batch of 1024 (draft probs, one-hot, greedy)")
+
+
 def run_gpu(args):
     peak = peak_bandwidth_gbps("cuda")
     table = Table(["mode", "dtype", "B", "V", "backend", "ms", "GB/s", "pct_peak", "x_vs_reference"])
-    cases = [(64, 128256)] if args.quick else [(1, 32000), (8, 49152), (32, 128256), (64, 128256), (256, 151936)]
+    cases = [(64, 128256)] if args.quick else [(1, 32000), (8, 49152), (8, 128256), (32, 128256), (64, 128256),
+                                                (256, 151936)]
     backends = ["cuda", "triton", "reference"]
+    check_split_invariance()
     with profiled_region("cuda"):
         for dtype in (torch.float32, torch.bfloat16):
-            for one_hot in (False, True):
-                mode = "one_hot" if one_hot else "draft_probs"
+            for mode in ("draft_probs", "one_hot", "greedy"):
+                one_hot, greedy = mode != "draft_probs", mode == "greedy"
                 for batch, vocab in cases:
                     target, draft, ids, seeds, offsets = make_logits(batch, vocab, "cuda")
                     probs = torch.softmax(target, -1).to(dtype)
                     q = None if one_hot else torch.softmax(draft, -1).to(dtype)
                     n = torch.full((batch,), K, dtype=torch.int64, device="cuda")
+                    flags = torch.full((batch,), greedy, dtype=torch.bool, device="cuda")
+                    if greedy:  # every draft is the target's argmax: all K + 1 rows are read
+                        ids = probs[:, :K].float().argmax(-1)
                     times = {}
                     for backend in backends:
                         if backend == "reference" and batch > 64:
                             continue
                         fn = lambda: specdec_ops.rejection_sample(probs, ids, n, q, seeds=seeds, offsets=offsets,  # noqa: E731
-                                                                  backend=backend)
+                                                                  greedy=flags, backend=backend)
                         with nvtx_range(f"rejection_sample {mode} {dtype} B={batch} V={vocab} {backend}", "cuda"):
                             times[backend] = time_fn(fn, "cuda", warmup=2 if backend == "reference" else 5,
                                                      repeat=3 if backend == "reference" else 50)
                         out = fn()
-                        moved = bytes_read(probs, q, out)
+                        moved = bytes_read(probs, q, out, greedy)
                         bw = gbps(moved, times[backend])
                         table.add(mode=mode, dtype=str(dtype).replace("torch.", ""), B=batch, V=vocab,
                                   backend=backend, ms=times[backend], **{"GB/s": bw},

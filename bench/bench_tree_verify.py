@@ -116,7 +116,7 @@ def run_gpu(args):
     table = Table(["mode", "dtype", "B", "N", "V", "backend", "ms", "GB/s", "pct_peak", "x_vs_triton",
                    "mean_accepted"])
     shapes = [(32, 64, 128256)] if args.quick else \
-        [(b, n, v) for v in (32000, 128256) for n in (16, 64) for b in (1, 32)]
+        [(b, n, v) for v in (32000, 128256) for n in (16, 64) for b in (1, 32)] + [(64, 16, 128256)]  # reference shape
     dtypes = (torch.float32,) if args.quick else (torch.float32, torch.bfloat16)
     with profiled_region("cuda"):
         for dtype in dtypes:

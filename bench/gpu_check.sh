@@ -51,4 +51,9 @@ for bench in bench/bench_*.py; do
   log "$name exit $?"
   tail -40 "$OUT/$name.log" >> "$OUT/summary.txt"
 done
+log "roofline: predicted next to measured"
+timeout "${ROOFLINE_TIMEOUT:-240}" python bench/roofline.py --measure --json "$OUT/roofline.json" \
+  > "$OUT/roofline.log" 2>&1
+log "roofline exit $?"
+head -20 "$OUT/roofline.log" >> "$OUT/summary.txt"
 log "done"

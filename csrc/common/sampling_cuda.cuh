@@ -47,6 +47,24 @@ __device__ __forceinline__ void load4(const T* __restrict__ row, int64_t vocab, 
   }
 }
 
+// Four consecutive entries i0 .. i0+3 that all lie inside the row (no bounds checks):
+// one 16-byte (fp32) or 8-byte (half types) load when kAligned.
+template <bool kAligned, typename T>
+__device__ __forceinline__ void load4_full(const T* __restrict__ row, int64_t i0, float out[4]) {
+  if constexpr (kAligned && sizeof(T) == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(row + i0);
+    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+  } else if constexpr (kAligned) {
+    const uint2 v = *reinterpret_cast<const uint2*>(row + i0);
+    const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = to_float(h[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = to_float(row[i0 + j]);
+  }
+}
+
 __device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -72,21 +90,6 @@ __device__ __forceinline__ ArgMax block_argmax(ArgMax a, ArgMax* smem) {
   const ArgMax result = smem[0];
   __syncthreads();
   return result;
-}
-
-// argmax of prob_mass over one row (greedy verification), first index on ties.
-template <typename T>
-__device__ int64_t row_argmax(const T* __restrict__ row, int64_t vocab, ArgMax* smem) {
-  const bool aligned = aligned4(row);
-  ArgMax best = argmax_init();
-  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
-    float v[4];
-    load4(row, vocab, 4 * g, aligned, v);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (4 * g + j < vocab) argmax_update(best, prob_mass(v[j]), 4 * g + j);
-  }
-  return block_argmax(best, smem).index;
 }
 
 // Threads per block for rows of `vocab` entries read 4 at a time: a power of two in [32, 1024].

@@ -61,25 +61,38 @@ SPECDEC_HD ArgMax argmax_merge(const ArgMax& a, const ArgMax& b) {
 }
 
 // Whether an entry (mass > 0, uniform u) can still beat a running best score
-// `best` of the race. -log(u) >= t whenever u <= 1 - t (as -log(1 - t) >= t), so
-// for u <= (1 - t)(1 - 1e-5) with t = mass / best the entry's exact score is below
-// best / (1 + 1e-5): below best even after the few ulps of rounding in t, the log
-// and the division. Skipping such entries (no log) never changes the winner, and
-// comparing against a thread's own running best (<= the block's) stays safe.
+// `best` of the race. With t = mass / best, -log(u) >= t whenever u <= 1 - t (as
+// -log(1 - t) >= t); more precisely u <= (1 - t)(1 - e) gives -log(u) >= t + e,
+// so the entry's exact score is mass / -log(u) <= best * t / (t + e) <= best / (1 + e)
+// (t <= 1, else the test below never skips): with e = 1e-5 below best even after
+// the few ulps of rounding of the log and the division that compute the score.
+// The test is evaluated without a division, multiplied through by best > 0:
+// skip iff fl(u * best) <= fl(fl(best - mass) * c) with c = 1 - 2e-5. Each of the
+// three roundings is a factor within 1 +- 2^-24, so a skip implies
+// u <= (1 - t) c (1 + 2^-24)^3 / (1 - 2^-24) < (1 - t)(1 - 1e-5): the exact
+// condition above. The bound on each rounding needs normal numbers: below
+// best = 1e-30 nothing is skipped, so u * best >= 2^-24 * 1e-30 is normal and a
+// subnormal right side is smaller than it (no skip). mass >= best makes the right
+// side <= 0 < u * best (never skipped); best = inf skips every finite mass (its
+// score is finite) and never an infinite one (inf - inf is NaN: the comparison
+// fails). Skipping such entries (no
+// log) never changes the winner, and comparing against a thread's own running best
+// (<= the block's) stays safe.
 SPECDEC_HD bool race_may_win(float mass, float u, float best) {
-  if (!(best > 0.f)) return true;
-  return u > (1.f - mass / best) * (1.f - 1e-5f);
+  if (!(best > 1e-30f)) return true;
+  return !(u * best <= (best - mass) * (1.f - 2e-5f));
 }
 
 // One entry of a race: updates `best` with index's score (0 for no mass; entries
-// that provably cannot win are skipped without computing their log).
+// that provably cannot win are skipped without computing their log). A score of 0
+// changes nothing once best is positive (0 is neither above nor equal to it), so
+// such an update is skipped too: the common path of an entry is the skip test and
+// one branch; scores are computed only on the rare path.
 SPECDEC_HD void race_update(ArgMax& best, float mass, uint32_t bits, int64_t index) {
-  if (!(mass > 0.f)) {
-    argmax_update(best, 0.f, index);
-    return;
-  }
+  const bool has_mass = mass > 0.f;
   const float u = bits_to_uniform(bits);
-  if (race_may_win(mass, u, best.score)) argmax_update(best, mass / uniform_noise(u), index);
+  if (has_mass ? race_may_win(mass, u, best.score) : !(best.score > 0.f))
+    argmax_update(best, has_mass ? mass / uniform_noise(u) : 0.f, index);
 }
 
 // The draft token used in acceptance: an id outside [0, V) is always rejected

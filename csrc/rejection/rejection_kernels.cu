@@ -1,59 +1,179 @@
 // CUDA kernel of chain rejection sampling (DESIGN.md §5.2). Raw pointers only,
-// no torch headers: the launcher in rejection_op.cpp checks tensors and passes
-// RejectionParams. One thread block per request:
-//   1. acceptance tests of all n_b drafts in parallel (one uniform each), the
-//      first rejection found with a shared atomicMin (greedy: one block argmax
-//      per row until the first mismatch);
-//   2. one exponential race over a single row (the residual at the first
-//      rejection, or the bonus row), vocab-parallel, 4 entries per thread and
-//      Philox block, vectorized loads, block argmax reduction.
+// no torch headers: the launcher in rejection_op.cpp checks tensors, allocates the
+// workspace (rejection_cuda_workspace_bytes) and passes RejectionParams.
+//
+// One launch, grid (B, parts): every request's vocabulary is split into `parts`
+// contiguous ranges of Philox groups (csrc/common/vocab_split.h), sized from the
+// SM count so that the whole batch fills the device in one wave. Each block:
+//   1. (sampling) runs the acceptance tests of all n_b drafts itself (one uniform
+//      each, a shared atomicMin for the first rejection): every block of a request
+//      finds the same row to race over without talking to the others;
+//   2. races over its range of that row (the residual at the first rejection with
+//      its fallback over p in the same pass, or the bonus row), or (greedy) takes
+//      the argmax of its range of each of the n_b + 1 rows; 4 entries per thread
+//      and Philox block, several 16-byte loads in flight per thread;
+//   3. writes its partial result into the workspace; the last block of a request
+//      to finish (a per-request counter in the workspace, zeroed by the launcher
+//      on the same stream) merges the partials and writes the outputs.
+// Merging partial (score, index) maxima is exact (vocab_split.h), so the tokens
+// are those of the single-pass race: the Philox layout and the race are unchanged.
+// No host sync, no global state beyond the per-launch workspace, current stream:
+// graph-capturable (the memset is a graph node).
 #include <cstdint>
 
 #include "rejection_params.h"
 #include "../common/sampling_cuda.cuh"
 #include "../common/sampling_math.h"
+#include "../common/vocab_split.h"
 
 namespace specdec {
 namespace {
 
 using namespace cuda;
 
-// Exponential race over p_row (bonus) or over max(p - q, 0) (residual; q_row null
-// means one-hot q at `draft`), falling back to p when the residual is empty.
-template <typename T>
-__device__ int64_t row_race(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t draft, bool residual,
-                            int64_t vocab, uint64_t seed, uint64_t offset, uint32_t position, ArgMax* smem) {
-  const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
-  const bool p_aligned = aligned4(p_row);
-  const bool q_aligned = q_row != nullptr && aligned4(q_row);
-  ArgMax best_p = argmax_init(), best_r = argmax_init();
-  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
-    float pv[4], qv[4] = {0.f, 0.f, 0.f, 0.f};
-    load4(p_row, vocab, 4 * g, p_aligned, pv);
-    if (residual && q_row != nullptr) load4(q_row, vocab, 4 * g, q_aligned, qv);
-    const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSM = 2;   // launch bounds: <= 128 registers; 512 threads per SM, 2-4 loads in flight each
+// Groups per thread per step of a race: 4 16-byte loads in flight (2 of p and 2 of q with draft probs).
+template <bool kDenseQ>
+constexpr int kRaceUnroll = kDenseQ ? 2 : 4;
+constexpr int kArgmaxUnroll = 4;  // greedy: 4 x 16-byte loads in flight
+
+// Workspace: a uint32 counter per request (padded to 16 bytes), then per request
+// and part `slots` ArgMax partials (greedy: one per row; sampling: residual, fallback).
+struct Workspace {
+  unsigned* counters;
+  ArgMax* partials;
+  int64_t slots;
+};
+
+SPECDEC_HD int64_t partial_slots(int64_t max_draft) { return max_draft + 1 > 2 ? max_draft + 1 : 2; }
+SPECDEC_HD int64_t counter_bytes(int64_t batch) { return (batch * 4 + 15) / 16 * 16; }
+
+__host__ __device__ inline Workspace workspace_of(const RejectionParams& p) {
+  char* base = static_cast<char*>(p.workspace);
+  return Workspace{reinterpret_cast<unsigned*>(base), reinterpret_cast<ArgMax*>(base + counter_bytes(p.batch)),
+                   partial_slots(p.max_draft)};
+}
+
+__device__ __forceinline__ void store_partial(ArgMax* slot, const ArgMax& a) {
+  slot->score = a.score;
+  slot->index = a.index;
+}
+
+// A partial written by another block: read through L2 (never a stale L1 line).
+__device__ __forceinline__ ArgMax load_partial(const ArgMax* slot) {
+  return ArgMax{__ldcg(&slot->score), static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(&slot->index)))};
+}
+
+// One Philox group (entries 4g .. 4g+3) of a race; kChecked: entries past `vocab` are skipped.
+template <bool kResidual, bool kDenseQ, bool kChecked>
+__device__ __forceinline__ void race_group(ResidualRace& race, const float pv[4], const float qv[4], int64_t g,
+                                           int64_t draft, int64_t vocab, uint64_t seed, uint64_t offset,
+                                           uint32_t position) {
+  const Philox4 bits = philox_block(seed, offset, position, kResidual ? kPurposeResidual : kPurposeBonus,
+                                    static_cast<uint32_t>(g));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t i = 4 * g + j;
-      if (i >= vocab) break;
-      race_update(best_p, prob_mass(pv[j]), bits.x[j], i);
-      if (residual) {
-        const float q = q_row != nullptr ? qv[j] : (i == draft ? 1.f : 0.f);
-        race_update(best_r, residual_mass(pv[j], q), bits.x[j], i);
-      }
+  for (int j = 0; j < 4; ++j) {
+    const int64_t i = 4 * g + j;
+    if (kChecked && i >= vocab) break;
+    if (kResidual) {
+      const float q = kDenseQ ? qv[j] : (i == draft ? 1.f : 0.f);
+      residual_race_update(race, pv[j], q, bits.x[j], i);
+    } else {
+      bonus_race_update(race, pv[j], bits.x[j], i);
     }
   }
-  const ArgMax p_win = block_argmax(best_p, smem);
-  if (!residual) return p_win.index;
-  const ArgMax r_win = block_argmax(best_r, smem);
-  return r_win.score > 0.f ? r_win.index : p_win.index;
+}
+
+// The race over groups [range) of p_row: residual max(p - q, 0) with its fallback over
+// p (kDenseQ: q from q_row, else one-hot q at `draft`), or the bonus race over p
+// (!kResidual). Compiled once per mode and alignment. Each thread takes the groups
+// threadIdx.x + k * kThreads of the range: first in steps of kRaceUnroll groups that
+// lie wholly inside the vocab (every load of a step issued before any use, no bounds
+// checks), then the few groups left one by one, checked.
+template <typename T, bool kResidual, bool kDenseQ, bool kAligned>
+__device__ ResidualRace race_range(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t draft,
+                                   int64_t vocab, GroupRange range, uint64_t seed, uint64_t offset,
+                                   uint32_t position) {
+  ResidualRace race = residual_race_init();
+  const int64_t full_end = range.end < vocab / 4 ? range.end : vocab / 4;  // groups with 4 entries in the vocab
+  int64_t g0 = range.begin + threadIdx.x;
+  for (; g0 + (kRaceUnroll<kDenseQ> - 1) * kThreads < full_end; g0 += kRaceUnroll<kDenseQ> * kThreads) {
+    float pv[kRaceUnroll<kDenseQ>][4], qv[kRaceUnroll<kDenseQ>][4] = {};
+#pragma unroll
+    for (int k = 0; k < kRaceUnroll<kDenseQ>; ++k) {
+      load4_full<kAligned>(p_row, 4 * (g0 + k * kThreads), pv[k]);
+      if (kDenseQ) load4_full<kAligned>(q_row, 4 * (g0 + k * kThreads), qv[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kRaceUnroll<kDenseQ>; ++k)
+      race_group<kResidual, kDenseQ, false>(race, pv[k], qv[k], g0 + k * kThreads, draft, vocab, seed, offset,
+                                            position);
+  }
+  for (int64_t g = g0; g < range.end; g += kThreads) {
+    float pv[4], qv[4] = {};
+    load4(p_row, vocab, 4 * g, false, pv);
+    if (kDenseQ) load4(q_row, vocab, 4 * g, false, qv);
+    race_group<kResidual, kDenseQ, true>(race, pv, qv, g, draft, vocab, seed, offset, position);
+  }
+  return race;
+}
+
+template <typename T, bool kResidual, bool kDenseQ>
+__device__ ResidualRace race_range(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t draft,
+                                   int64_t vocab, GroupRange range, uint64_t seed, uint64_t offset,
+                                   uint32_t position) {
+  if (aligned4(p_row) && (!kDenseQ || aligned4(q_row)))
+    return race_range<T, kResidual, kDenseQ, true>(p_row, q_row, draft, vocab, range, seed, offset, position);
+  return race_range<T, kResidual, kDenseQ, false>(p_row, q_row, draft, vocab, range, seed, offset, position);
+}
+
+// argmax of prob_mass over groups [range) of a row (first index on ties), in the
+// same two phases as race_range; each thread meets its indices in increasing order.
+template <typename T, bool kAligned>
+__device__ ArgMax argmax_range(const T* __restrict__ row, int64_t vocab, GroupRange range) {
+  ArgMax best = argmax_init();
+  const int64_t full_end = range.end < vocab / 4 ? range.end : vocab / 4;
+  int64_t g0 = range.begin + threadIdx.x;
+  for (; g0 + (kArgmaxUnroll - 1) * kThreads < full_end; g0 += kArgmaxUnroll * kThreads) {
+    float v[kArgmaxUnroll][4];
+#pragma unroll
+    for (int k = 0; k < kArgmaxUnroll; ++k) load4_full<kAligned>(row, 4 * (g0 + k * kThreads), v[k]);
+#pragma unroll
+    for (int k = 0; k < kArgmaxUnroll; ++k)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) argmax_update_ascending(best, prob_mass(v[k][j]), 4 * (g0 + k * kThreads) + j);
+  }
+  for (int64_t g = g0; g < range.end; g += kThreads) {
+    float v[4];
+    load4(row, vocab, 4 * g, false, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (4 * g + j < vocab) argmax_update_ascending(best, prob_mass(v[j]), 4 * g + j);
+  }
+  return best;
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kMaxThreads) rejection_sample_kernel(const RejectionParams p) {
+__device__ ArgMax argmax_range(const T* __restrict__ row, int64_t vocab, GroupRange range) {
+  return aligned4(row) ? argmax_range<T, true>(row, vocab, range) : argmax_range<T, false>(row, vocab, range);
+}
+
+// Merge of slot `slot` of all parts of request b (every thread gets the result).
+__device__ ArgMax merge_parts(const Workspace& ws, int64_t b, int64_t parts, int64_t slot, ArgMax* smem) {
+  ArgMax best = argmax_init();
+  for (int64_t part = threadIdx.x; part < parts; part += kThreads)
+    best = argmax_merge(best, load_partial(ws.partials + (b * parts + part) * ws.slots + slot));
+  return block_argmax(best, smem);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM) rejection_sample_kernel(const RejectionParams p,
+                                                                                   int64_t parts) {
   __shared__ ArgMax smem[32];
   __shared__ int first_rejected;
-  const int64_t b = blockIdx.x;
+  __shared__ bool last_block;
+  const int64_t b = blockIdx.x, part = blockIdx.y;
   const RequestRows rows = request_rows(p, b);
   const int64_t n = rows.num_drafts, vocab = p.vocab;
   const T* target = static_cast<const T*>(p.target_probs);
@@ -62,21 +182,20 @@ __global__ void __launch_bounds__(kMaxThreads) rejection_sample_kernel(const Rej
   const bool greedy = p.greedy != nullptr && p.greedy[b];
   const uint64_t seed = static_cast<uint64_t>(p.seeds[b]);
   const uint64_t offset = static_cast<uint64_t>(p.offsets[b]);
+  const Workspace ws = workspace_of(p);
+  ArgMax* mine = ws.partials + (b * parts + part) * ws.slots;
+  const GroupRange range = vocab_part(vocab, parts, part);
 
-  int64_t accepted = n, final_token = 0;
+  int64_t accepted = n;
   if (greedy) {
     for (int64_t k = 0; k <= n; ++k) {
-      const int64_t best = row_argmax(target + (rows.target_base + k) * vocab, vocab, smem);
-      if (k == n || ids[k] != best) {
-        accepted = k;
-        final_token = best;
-        break;
-      }
+      const ArgMax best = block_argmax(argmax_range(target + (rows.target_base + k) * vocab, vocab, range), smem);
+      if (threadIdx.x == 0) store_partial(mine + k, best);
     }
   } else {
     if (threadIdx.x == 0) first_rejected = static_cast<int>(n);
     __syncthreads();
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+    for (int64_t k = threadIdx.x; k < n; k += kThreads) {
       const int64_t x = ids[k];
       bool ok = false;
       if (draft_in_vocab(x, vocab)) {
@@ -91,25 +210,82 @@ __global__ void __launch_bounds__(kMaxThreads) rejection_sample_kernel(const Rej
     accepted = first_rejected;
     const bool residual = accepted < n;
     const T* q_row = residual && draft != nullptr ? draft + (rows.draft_base + accepted) * vocab : nullptr;
-    final_token = row_race(target + (rows.target_base + accepted) * vocab, q_row, residual ? ids[accepted] : -1,
-                           residual, vocab, seed, offset, static_cast<uint32_t>(accepted), smem);
+    const T* p_row = target + (rows.target_base + accepted) * vocab;
+    const uint32_t position = static_cast<uint32_t>(accepted);
+    ResidualRace race =
+        !residual ? race_range<T, false, false>(p_row, nullptr, -1, vocab, range, seed, offset, position)
+        : q_row != nullptr
+            ? race_range<T, true, true>(p_row, q_row, -1, vocab, range, seed, offset, position)
+            : race_range<T, true, false>(p_row, nullptr, ids[accepted], vocab, range, seed, offset, position);
+    race.residual = block_argmax(race.residual, smem);
+    race.fallback = block_argmax(race.fallback, smem);
+    if (threadIdx.x == 0) {
+      store_partial(mine, race.residual);
+      store_partial(mine + 1, race.fallback);
+    }
+  }
+
+  // Last block of request b to finish: merge the partials (threadFenceReduction pattern:
+  // each block's writes are fenced before its ticket, the last one fences before reading).
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last_block = atomicAdd(ws.counters + b, 1u) == static_cast<unsigned>(parts - 1);
+  }
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+
+  int64_t final_token = 0;
+  if (greedy) {
+    for (int64_t k = 0; k <= n; ++k) {
+      const int64_t best = merge_parts(ws, b, parts, k, smem).index;
+      if (k == n || ids[k] != best) {
+        accepted = k;
+        final_token = best;
+        break;
+      }
+    }
+  } else {
+    const ResidualRace race{merge_parts(ws, b, parts, 0, smem), merge_parts(ws, b, parts, 1, smem)};
+    final_token = residual_race_winner(race);
   }
 
   int64_t* out = p.token_ids + b * (p.max_draft + 1);
-  for (int64_t j = threadIdx.x; j <= p.max_draft; j += blockDim.x)
+  for (int64_t j = threadIdx.x; j <= p.max_draft; j += kThreads)
     out[j] = j < accepted ? ids[j] : (j == accepted ? final_token : -1);
   if (threadIdx.x == 0) p.num_accepted[b] = static_cast<int32_t>(accepted);
 }
 
+// Parts per request on the current device: one wave of kBlocksPerSM blocks per SM.
+int64_t parts_for(const RejectionParams& params) {
+  int device = 0, sms = 1;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    sms = 1;
+  return vocab_parts_for(params.batch, params.vocab, static_cast<int64_t>(sms) * kBlocksPerSM, kThreads);
+}
+
 }  // namespace
 
+size_t rejection_cuda_workspace_bytes(const RejectionParams& params) {
+  return static_cast<size_t>(counter_bytes(params.batch) +
+                             params.batch * parts_for(params) * partial_slots(params.max_draft) *
+                                 static_cast<int64_t>(sizeof(ArgMax)));
+}
+
 cudaError_t launch_rejection_sample_cuda(const RejectionParams& params, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(params.batch));
-  const dim3 block(threads_for_vocab(params.vocab));
+  if (params.batch == 0) return cudaSuccess;
+  const int64_t parts = parts_for(params);
+  const cudaError_t zeroed = cudaMemsetAsync(params.workspace, 0, counter_bytes(params.batch), stream);
+  if (zeroed != cudaSuccess) return zeroed;
+  const dim3 grid(static_cast<unsigned>(params.batch), static_cast<unsigned>(parts));
+  const dim3 block(kThreads);
   switch (params.dtype) {
-    case ProbDType::kFloat32: rejection_sample_kernel<float><<<grid, block, 0, stream>>>(params); break;
-    case ProbDType::kFloat16: rejection_sample_kernel<__half><<<grid, block, 0, stream>>>(params); break;
-    case ProbDType::kBFloat16: rejection_sample_kernel<__nv_bfloat16><<<grid, block, 0, stream>>>(params); break;
+    case ProbDType::kFloat32: rejection_sample_kernel<float><<<grid, block, 0, stream>>>(params, parts); break;
+    case ProbDType::kFloat16: rejection_sample_kernel<__half><<<grid, block, 0, stream>>>(params, parts); break;
+    case ProbDType::kBFloat16:
+      rejection_sample_kernel<__nv_bfloat16><<<grid, block, 0, stream>>>(params, parts);
+      break;
   }
   return cudaGetLastError();
 }

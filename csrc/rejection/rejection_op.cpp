@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 namespace specdec {
 cudaError_t launch_rejection_sample_cuda(const RejectionParams& params, cudaStream_t stream);
+size_t rejection_cuda_workspace_bytes(const RejectionParams& params);
 }
 #endif
 
@@ -115,6 +116,10 @@ std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& target_probs, const at:
   } else {
 #ifdef SPECDEC_WITH_CUDA
     const c10::cuda::CUDAGuard guard(target.device());
+    // Per-launch partial results of the split-vocab race (stream-ordered by the caching allocator).
+    const auto workspace = at::empty({static_cast<int64_t>(rejection_cuda_workspace_bytes(p))},
+                                     target.options().dtype(at::kByte));
+    p.workspace = workspace.mutable_data_ptr();
     C10_CUDA_CHECK(launch_rejection_sample_cuda(p, at::cuda::getCurrentCUDAStream()));
 #else
     TORCH_CHECK(false, "specdec_ops was built without CUDA kernels");

@@ -25,6 +25,7 @@ struct RejectionParams {
   ProbDType dtype;
   int64_t* token_ids;              // out [B, K + 1]
   int32_t* num_accepted;           // out [B]
+  void* workspace;                 // CUDA only: rejection_cuda_workspace_bytes(params) bytes (CPU: unused)
 };
 
 // Where request b's rows live, with every index clamped into range so that a

@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../common/sampling_cuda.cuh"
@@ -30,6 +31,17 @@ using namespace cuda;
 
 constexpr int64_t kMaxStagedNodes = 4096;  // 8 bytes each in dynamic shared memory
 
+// Thread layout. The sums of a row (sum of p_u, sum of the next residual) feed the
+// acceptance tests, so their float rounding is kept exactly as it was with one
+// thread per "virtual thread" (vthreads = threads_for_vocab(V) <= 1024, virtual
+// thread v taking groups v, v + vthreads, ... in order, then the warp-shuffle and
+// 32-warp tree of block_sum): each real thread t now runs the virtual threads t and
+// t + blockDim.x (blockDim.x = vthreads / 2, at least 32) with one accumulator
+// each, and the reduction combines the virtual warps in the same tree. Half the
+// threads, so up to 128 registers (no spills), and both groups of a step are
+// loaded before either is used: two or four 16-byte loads in flight per thread.
+constexpr int kTreeThreads = 512;
+
 struct Scratch {
   ArgMax argmax[32];
   float sum[32];
@@ -40,115 +52,154 @@ struct Scratch {
 // Block-wide argmax through the scratch's argmax slots; every thread gets the result.
 __device__ __forceinline__ ArgMax block_argmax(ArgMax a, Scratch& s) { return cuda::block_argmax(a, s.argmax); }
 
-// Block-wide sum of a float and a count; every thread gets both.
-__device__ void block_sum(float& v, long long& c, Scratch& s) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__device__ __forceinline__ void warp_sum(float& v, long long& c) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     v += __shfl_down_sync(kFullMask, v, o);
     c += __shfl_down_sync(kFullMask, c, o);
   }
+}
+
+// Block-wide sum of the virtual threads' floats and counts (v[h], c[h]: virtual
+// thread threadIdx.x + h * blockDim.x); every thread gets both totals.
+__device__ void block_sum(float v[2], long long c[2], int vthreads, Scratch& s, float& sum, long long& count) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, real_warps = blockDim.x >> 5;
+  warp_sum(v[0], c[0]);
+  warp_sum(v[1], c[1]);
   if (lane == 0) {
-    s.sum[warp] = v;
-    s.count[warp] = c;
+    s.sum[warp] = v[0];
+    s.count[warp] = c[0];
+    if (warp + real_warps < 32) {
+      s.sum[warp + real_warps] = v[1];
+      s.count[warp + real_warps] = c[1];
+    }
   }
   __syncthreads();
   if (warp == 0) {
-    const bool live = lane < static_cast<int>(blockDim.x >> 5);
-    v = live ? s.sum[lane] : 0.f;
-    c = live ? s.count[lane] : 0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      v += __shfl_down_sync(kFullMask, v, o);
-      c += __shfl_down_sync(kFullMask, c, o);
-    }
+    const bool live = lane < (vthreads >> 5);
+    float x = live ? s.sum[lane] : 0.f;
+    long long y = live ? s.count[lane] : 0;
+    warp_sum(x, y);
     if (lane == 0) {
-      s.sum[0] = v;
-      s.count[0] = c;
+      s.sum[0] = x;
+      s.count[0] = y;
     }
   }
   __syncthreads();
-  v = s.sum[0];
-  c = s.count[0];
+  sum = s.sum[0];
+  count = s.count[0];
   __syncthreads();
 }
 
+// Calls f(h, g, pv, qv) for every group g of virtual thread threadIdx.x + h * blockDim.x
+// (h = 0, 1), each virtual thread's groups in increasing order; both groups of a step
+// are loaded before either is used. Entries past the vocab read 0; qv is 0 without q.
+// Compiled once per alignment so that the aligned loop holds only 16-byte loads.
+template <bool kHasQ, bool kAligned, typename T, typename F>
+__device__ __forceinline__ void for_each_group_aligned(const T* __restrict__ p_row, const T* __restrict__ q_row,
+                                                       int64_t vocab, int vthreads, F& f) {
+  const int64_t groups = (vocab + 3) / 4, half = blockDim.x;
+  for (int64_t base = threadIdx.x; base < groups; base += vthreads) {
+    float pv[2][4], qv[2][4] = {};
+    bool live[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t g = base + h * half;
+      live[h] = threadIdx.x + h * half < vthreads && g < groups;
+      load4(p_row, vocab, live[h] ? 4 * g : vocab, kAligned, pv[h]);
+      if (kHasQ) load4(q_row, vocab, live[h] ? 4 * g : vocab, kAligned, qv[h]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (live[h]) f(h, base + h * half, pv[h], qv[h]);
+  }
+}
+
+template <bool kHasQ, typename T, typename F>
+__device__ __forceinline__ void for_each_group(const T* __restrict__ p_row, const T* __restrict__ q_row,
+                                               int64_t vocab, int vthreads, F&& f) {
+  if (aligned4(p_row) && (!kHasQ || aligned4(q_row)))
+    for_each_group_aligned<kHasQ, true>(p_row, q_row, vocab, vthreads, f);
+  else
+    for_each_group_aligned<kHasQ, false>(p_row, q_row, vocab, vthreads, f);
+}
+
 template <typename T>
-__device__ int64_t row_argmax(const T* __restrict__ row, int64_t vocab, Scratch& s) {
-  return cuda::row_argmax(row, vocab, s.argmax);
+__device__ int64_t row_argmax(const T* __restrict__ row, int64_t vocab, int vthreads, Scratch& s) {
+  ArgMax best = argmax_init();
+  for_each_group<false>(row, row, vocab, vthreads, [&](int, int64_t g, const float* v, const float*) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (4 * g + j < vocab) argmax_update(best, prob_mass(v[j]), 4 * g + j);
+  });
+  return block_argmax(best, s).index;
 }
 
 // Sum and number of entries with mass of p_u (the first child of u, no draft_probs).
 template <typename T>
-__device__ void row_sum_count(const T* __restrict__ row, int64_t vocab, Scratch& s, float& sum, int64_t& count) {
-  const bool aligned = aligned4(row);
-  float v_sum = 0.f;
-  long long v_count = 0;
-  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
-    float v[4];
-    load4(row, vocab, 4 * g, aligned, v);
+__device__ void row_sum_count(const T* __restrict__ row, int64_t vocab, int vthreads, Scratch& s, float& sum,
+                              int64_t& count) {
+  float v_sum[2] = {0.f, 0.f};
+  long long v_count[2] = {0, 0};
+  for_each_group<false>(row, row, vocab, vthreads, [&](int h, int64_t, const float* v, const float*) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float mass = prob_mass(v[j]);  // entries past vocab read 0
-      v_sum += mass;
-      v_count += mass > 0.f;
+      v_sum[h] += mass;
+      v_count[h] += mass > 0.f;
     }
-  }
-  block_sum(v_sum, v_count, s);
-  sum = v_sum;
-  count = v_count;
+  });
+  long long total_count = 0;
+  block_sum(v_sum, v_count, vthreads, s, sum, total_count);
+  count = total_count;
 }
 
 // Sum of the next residual update r_{m+1} = max(r_m / Z_m - q, 0) (a rejection, draft_probs).
 template <typename T>
 __device__ float next_residual_sum(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t vocab,
-                                   const float* z, int64_t m, float z_m, Scratch& s) {
-  const bool p_aligned = aligned4(p_row), q_aligned = aligned4(q_row);
-  float v_sum = 0.f;
-  long long unused = 0;
-  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
-    float pv[4], qv[4];
-    load4(p_row, vocab, 4 * g, p_aligned, pv);
-    load4(q_row, vocab, 4 * g, q_aligned, qv);
+                                   const float* z, int64_t m, float z_m, int vthreads, Scratch& s) {
+  float v_sum[2] = {0.f, 0.f};
+  long long unused[2] = {0, 0};
+  for_each_group<true>(p_row, q_row, vocab, vthreads, [&](int h, int64_t, const float* pv, const float* qv) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v_sum += tree_next_residual(tree_residual(pv[j], qv[j], z, m), z_m, qv[j]);
-  }
-  block_sum(v_sum, unused, s);
-  return v_sum;
+    for (int j = 0; j < 4; ++j) v_sum[h] += tree_next_residual(tree_residual(pv[j], qv[j], z, m), z_m, qv[j]);
+  });
+  float sum = 0.f;
+  long long count = 0;
+  block_sum(v_sum, unused, vthreads, s, sum, count);
+  return sum;
 }
 
 // Exponential race over p' at u: r_m (draft_probs) or p_u without the zeroed tokens.
 template <typename T>
 __device__ int64_t final_race(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t vocab,
                               const float* z, const int32_t* zeroed, int64_t m, uint64_t seed, uint64_t offset,
-                              uint32_t position, uint32_t purpose, Scratch& s) {
-  const bool p_aligned = aligned4(p_row), q_aligned = aligned4(q_row);
+                              uint32_t position, uint32_t purpose, int vthreads, Scratch& s) {
   ArgMax best = argmax_init();
-  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
-    float pv[4], qv[4] = {0.f, 0.f, 0.f, 0.f};
-    load4(p_row, vocab, 4 * g, p_aligned, pv);
-    unsigned excluded = 0;  // bit j: entry 4g + j is zeroed
-    if (q_row != nullptr) {
-      load4(q_row, vocab, 4 * g, q_aligned, qv);
-    } else {
-      for (int64_t j = 0; j < m; ++j)
-        if ((zeroed[j] >> 2) == g) excluded |= 1u << (zeroed[j] & 3);
-    }
-    const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
+  if (q_row != nullptr) {
+    for_each_group<true>(p_row, q_row, vocab, vthreads, [&](int, int64_t g, const float* pv, const float* qv) {
+      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t i = 4 * g + j;
-      if (i >= vocab) break;
-      const float mass = q_row != nullptr ? tree_residual(pv[j], qv[j], z, m)
-                                          : ((excluded >> j) & 1u ? 0.f : prob_mass(pv[j]));
-      race_update(best, mass, bits.x[j], i);
-    }
+      for (int j = 0; j < 4; ++j)
+        if (4 * g + j < vocab) race_update(best, tree_residual(pv[j], qv[j], z, m), bits.x[j], 4 * g + j);
+    });
+  } else {
+    for_each_group<false>(p_row, p_row, vocab, vthreads, [&](int, int64_t g, const float* pv, const float*) {
+      unsigned excluded = 0;  // bit j: entry 4g + j is zeroed
+      for (int64_t k = 0; k < m; ++k)
+        if ((zeroed[k] >> 2) == g) excluded |= 1u << (zeroed[k] & 3);
+      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (4 * g + j < vocab)
+          race_update(best, (excluded >> j) & 1u ? 0.f : prob_mass(pv[j]), bits.x[j], 4 * g + j);
+    });
   }
   return block_argmax(best, s).index;
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kMaxThreads) tree_verify_kernel(const TreeVerifyParams p) {
+__global__ void __launch_bounds__(kTreeThreads, 1) tree_verify_kernel(const TreeVerifyParams p, int vthreads) {
   __shared__ Scratch s;
   extern __shared__ int32_t staged[];  // [2, N] parent, token (-1 outside the vocab) when N <= kMaxStagedNodes
   const int64_t b = blockIdx.x, N = p.max_nodes, V = p.vocab;
@@ -181,7 +232,7 @@ __global__ void __launch_bounds__(kMaxThreads) tree_verify_kernel(const TreeVeri
   int64_t u = 0, k = 0, final_token;
   if (threadIdx.x == 0) out_path[0] = 0;
   if (greedy) {
-    int64_t best = row_argmax(target, V, s);
+    int64_t best = row_argmax(target, V, vthreads, s);
     while (true) {
       if (threadIdx.x == 0) s.found = static_cast<int>(n);
       __syncthreads();
@@ -197,7 +248,7 @@ __global__ void __launch_bounds__(kMaxThreads) tree_verify_kernel(const TreeVeri
       }
       ++k;
       u = c;
-      best = row_argmax(target + u * V, V, s);
+      best = row_argmax(target + u * V, V, vthreads, s);
     }
     final_token = best;
   } else {
@@ -221,7 +272,7 @@ __global__ void __launch_bounds__(kMaxThreads) tree_verify_kernel(const TreeVeri
           accept = tree_accept_draft(uc, tree_residual(to_float(p_row[x]), q_x, z, m), z_m, q_x);
         }
         if (!accept) {
-          const float total = next_residual_sum(p_row, q_row, V, z, m, z_m, s);
+          const float total = next_residual_sum(p_row, q_row, V, z, m, z_m, vthreads, s);
           if (total > 0.f) {
             if (threadIdx.x == 0) z[m] = total;
             ++m;
@@ -229,7 +280,7 @@ __global__ void __launch_bounds__(kMaxThreads) tree_verify_kernel(const TreeVeri
           }
         }
       } else {
-        if (!rejected) row_sum_count(p_row, V, s, sum, nonzero);
+        if (!rejected) row_sum_count(p_row, V, vthreads, s, sum, nonzero);
         const float p_x = in_vocab && !tree_excluded(x, zeroed, m) ? prob_mass(to_float(p_row[x])) : 0.f;
         accept = in_vocab && tree_accept_onehot(uc, sum, p_x);
         if (!accept && p_x > 0.f && nonzero - m > 1) {
@@ -253,7 +304,7 @@ __global__ void __launch_bounds__(kMaxThreads) tree_verify_kernel(const TreeVeri
       }
     }
     final_token = final_race(target + u * V, draft != nullptr ? draft + u * V : nullptr, V, z, zeroed, m, seed,
-                             offset, static_cast<uint32_t>(u), tree_final_purpose(rejected), s);
+                             offset, static_cast<uint32_t>(u), tree_final_purpose(rejected), vthreads, s);
   }
 
   if (threadIdx.x == 0) {
@@ -270,12 +321,15 @@ __global__ void __launch_bounds__(kMaxThreads) tree_verify_kernel(const TreeVeri
 
 cudaError_t launch_tree_rejection_sample_cuda(const TreeVerifyParams& params, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(params.batch));
-  const dim3 block(threads_for_vocab(params.vocab));
+  const int vthreads = threads_for_vocab(params.vocab);  // the layout the sums are rounded in (see above)
+  const dim3 block(std::max(32, vthreads / 2));
   const size_t smem = params.max_nodes <= kMaxStagedNodes ? 2 * sizeof(int32_t) * params.max_nodes : 0;
   switch (params.dtype) {
-    case ProbDType::kFloat32: tree_verify_kernel<float><<<grid, block, smem, stream>>>(params); break;
-    case ProbDType::kFloat16: tree_verify_kernel<__half><<<grid, block, smem, stream>>>(params); break;
-    case ProbDType::kBFloat16: tree_verify_kernel<__nv_bfloat16><<<grid, block, smem, stream>>>(params); break;
+    case ProbDType::kFloat32: tree_verify_kernel<float><<<grid, block, smem, stream>>>(params, vthreads); break;
+    case ProbDType::kFloat16: tree_verify_kernel<__half><<<grid, block, smem, stream>>>(params, vthreads); break;
+    case ProbDType::kBFloat16:
+      tree_verify_kernel<__nv_bfloat16><<<grid, block, smem, stream>>>(params, vthreads);
+      break;
   }
   return cudaGetLastError();
 }

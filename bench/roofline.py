@@ -1,0 +1,762 @@
+"""Static performance model of the hot kernels on an H200, read from the compiled code (no GPU needed).
+
+For each hot kernel at its reference shape (issue 11) this compiles the code the GPU would run — the CUDA
+sources standalone with nvcc for sm_90 and sm_80 (they include no torch headers), the Triton kernels ahead
+of time for sm_90 — and reads registers, spills and shared memory (ptxas -v, cuobjdump -res-usage), the
+launch bounds (PTX .maxntid / .minnctapersm) and the SASS of the hot loop (cuobjdump -sass). From these and
+the bytes the kernel moves at the reference shape it predicts a time and the fraction of HBM peak.
+
+Model and its assumptions (each one a place where a GPU measurement can correct it: ``--measure``):
+
+* Device: H200 SXM, 132 SMs, 65536 registers, 228 KiB shared memory (227 KiB per block), 2048 threads and
+  32 blocks per SM; HBM 4.8e12 B/s; 1.98 GHz; each SM issues 4 warp instructions per cycle (one per
+  scheduler, no dual issue); loaded DRAM latency LATENCY_S = 0.6 us; a fixed LAUNCH_S = 2 us per kernel
+  (launch, first block, last-block tail).
+* Occupancy (blocks per SM) is the minimum over registers (allocated per warp in units of 256), shared
+  memory, threads and the 32-block limit. Waves = ceil(grid / (132 x blocks per SM)).
+* Bytes moved are counted per kernel from what its code reads and writes at the reference scenario (named
+  in the table), every byte once from HBM: no L2 reuse, no L2 hits for rows read twice. Scattered scalar
+  reads count a 32-byte sector each. The minimum is what any implementation must move for the same result.
+* The hot loop is the innermost loop (a backward branch in the SASS) holding the kernel's vocab-wide loads
+  (and, for races, the Philox rounds). Its instructions are counted statically, without the basic blocks
+  around the race's log (MUFU.LG2 or logf's polynomial: run only for entries that may still win, a
+  vanishing fraction, or while a race is empty);
+  per element = that count / (elements one thread handles per trip: the bytes of the body's vector loads,
+  the streamed rows, over the bytes of one element of every stream). Issue time = trips x warps x instructions / (busy SMs x 4 x clock).
+* Latency time = waves x sequential passes x trips per thread per pass x LATENCY_S: each trip waits for
+  its loads once (all the loads of one trip are issued before their first use).
+* predicted = LAUNCH_S + max(bytes / bandwidth, issue time, latency time); % of peak = the time the
+  minimum bytes take at 4.8 TB/s / predicted.
+
+Usage::
+
+    python bench/roofline.py                # table; exit 1 on any spill (sm_80 or sm_90) or compile error
+    python bench/roofline.py --json out.json
+    python bench/roofline.py --only rejection_cuda_draft
+    python bench/roofline.py --measure      # on a GPU: also time each kernel (torch.cuda.Event)
+
+Needs nvcc (CUDA_HOME or /usr/local/cuda) and triton; without nvcc it prints a skip note and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# H200 SXM.
+SMS = 132
+REGS_PER_SM = 65536
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_BLOCK = 227 * 1024
+THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 32
+BANDWIDTH = 4.8e12
+CLOCK_HZ = 1.98e9
+ISSUE_PER_SM = 4
+LATENCY_S = 0.6e-6
+LAUNCH_S = 2.0e-6
+
+PHILOX_CONSTANT = "-0x2daee0ad"  # 0xD2511F53 as it appears in SASS immediates
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reference shapes and scenarios
+# ----------------------------------------------------------------------------------------------------------
+
+V = 128256   # vocabulary (Llama 3)
+K = 4        # draft length
+N_TREE = 16  # tree nodes
+KV = dict(layers=32, batch=64, heads=8, head_dim=128, moves=3, elem=2)
+ATT = dict(batch=64, nodes=16, group=4, kv_heads=8, head_dim=128, prefix=8192, elem=2)
+
+
+@dataclasses.dataclass
+class Case:
+    """One kernel at one reference shape."""
+
+    name: str
+    backend: str                 # "cuda" or "triton"
+    shape: str                   # what runs (for the table)
+    loop: str                    # which hot loop: "race" (Philox), "scan" (no Philox), "copy" (stores), "mma"
+    streams: int                 # rows (or tensors) the hot loop reads side by side
+    elem_bytes: int              # bytes of one element of a stream
+    bytes_moved: float           # at the scenario
+    min_bytes: float
+    elems_per_pass: int          # elements of one stream a request (or work item) covers per pass
+    items: int                   # requests / work items
+    passes: int = 1              # sequential passes over a row per work item
+    source: str = ""             # cuda: .cu path; triton: module:function
+    function: str = ""           # cuda: regex on the mangled entry name
+    triton: dict | None = None   # types, constexprs, num_warps, num_stages
+    grid: object = None          # callable(resources) -> (grid blocks, blocks per item), else from launch bounds
+    measure: object = None       # callable() -> seconds on a GPU
+    elems_per_trip: float = 0.0  # per thread; 0: from the loop's vector loads (mma tiles: BLOCK_N / threads)
+
+
+def _rows(n, elem=4):
+    return n * V * elem
+
+
+def _sector_reads(n):
+    return 32 * n
+
+
+def rejection_cases():
+    """Chain rejection at B=64 (draft probs, one-hot, greedy) and B=8 (draft probs), fp32, V=128256, K=4."""
+    cases = []
+    scen = [
+        ("draft", 64, "B=64 K=4 fp32 q, reject at 1", 2, True, False),
+        ("onehot", 64, "B=64 K=4 fp32 one-hot, reject at 1", 1, False, False),
+        ("greedy", 64, "B=64 K=4 fp32 greedy, all accepted", 1, False, True),
+        ("draft_b8", 8, "B=8 K=4 fp32 q, reject at 1", 2, True, False),
+    ]
+    for tag, batch, shape, streams, has_q, greedy in scen:
+        rows = K + 1 if greedy else streams
+        accept_reads = 0 if greedy else batch * 2 * _sector_reads(2 if has_q else 1)  # p(x), q(x) of 2 drafts
+        moved = batch * _rows(rows) + accept_reads
+        common = dict(shape=shape, streams=1 if greedy else streams, elem_bytes=4, bytes_moved=moved,
+                      min_bytes=batch * _rows(rows), elems_per_pass=V, items=batch, passes=K + 1 if greedy else 1,
+                      loop="scan" if greedy else "race")
+        cases.append(Case(name=f"rejection_cuda_{tag}", backend="cuda", source="csrc/rejection/rejection_kernels.cu",
+                          function=r"rejection_sample_kernelIf", **common,
+                          measure=_measure_rejection(batch, has_q, greedy, "cuda")))
+        cases.append(Case(name=f"rejection_triton_{tag}", backend="triton",
+                          source="triton_kernels.rejection:rejection_sample_kernel", **common,
+                          triton=dict(types=dict(target_ptr="*fp32", draft_probs_ptr="*fp32", greedy_ptr="*i1",
+                                                 num_accepted_ptr="*i32"),
+                                      constexprs=dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=greedy,
+                                                      BLOCK_K=8, BLOCK=1024),
+                                      num_warps=4),
+                          grid=lambda res, batch=batch: (batch, 1),
+                          measure=_measure_rejection(batch, has_q, greedy, "triton")))
+    return cases
+
+
+def tree_cases():
+    """Tree verification B=64 N=16 fp32 V=128256: one rejected child, then the final race at the same node."""
+    cases = []
+    for tag, has_q in (("draft", True), ("onehot", False)):
+        streams = 2 if has_q else 1
+        # draft probs: the residual sum after the rejection (p, q) and the final race (p, q) read 2 rows each;
+        # one-hot: the sum of p_u, then the final race over p_u.
+        moved = 64 * _rows(2 * streams)
+        common = dict(shape=f"B=64 N=16 fp32 {'q' if has_q else 'one-hot'}, 1 rejection + race", streams=streams,
+                      elem_bytes=4, bytes_moved=moved, min_bytes=64 * _rows(streams), elems_per_pass=V, items=64,
+                      passes=2, loop="race")
+        cases.append(Case(name=f"tree_verify_cuda_{tag}", backend="cuda",
+                          source="csrc/tree_verify/tree_verify_kernels.cu", function=r"tree_verify_kernelIf",
+                          measure=_measure_tree(has_q, "cuda"), **common))
+        cases.append(Case(name=f"tree_verify_triton_{tag}", backend="triton",
+                          source="triton_kernels.tree_verify:tree_verify_kernel",
+                          triton=dict(types=dict(target_ptr="*fp32", draft_probs_ptr="*fp32", greedy_ptr="*i1",
+                                                 normalizers_ptr="*fp32", zeroed_ptr="*i32", accepted_path_ptr="*i32",
+                                                 num_accepted_ptr="*i32"),
+                                      constexprs=dict(HAS_NUM_NODES=False, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=False,
+                                                      BLOCK_N=16, BLOCK=1024),
+                                      num_warps=4),
+                          grid=lambda res: (64, 1), measure=_measure_tree(has_q, "triton"), **common))
+    return cases
+
+
+def kv_cases():
+    """kv_commit: 32 layers of K and V, bf16, B=64, Hk=8, D=128, 3 moves per request (read + write each)."""
+    row = KV["heads"] * KV["head_dim"] * KV["elem"]
+    caches = 2 * KV["layers"]
+    moved = caches * KV["batch"] * KV["moves"] * row * 2
+    common = dict(shape="32 layers K+V bf16 B=64 Hk=8 D=128, 3 moves", streams=1, elem_bytes=1,
+                  bytes_moved=moved, min_bytes=moved, elems_per_pass=KV["moves"] * row,
+                  items=caches * KV["batch"], loop="copy")
+
+    def cuda_grid(res):
+        # kv_kernels.cu: grid (caches, requests, splits), splits = min(ceil(2 SMs / pairs), units / threads).
+        pairs = caches * KV["batch"]
+        units = KV["heads"] * KV["head_dim"] * KV["elem"] // 16
+        splits = max(1, min(-(-2 * SMS // pairs), -(-units // res["threads"])))
+        return pairs * splits, splits
+
+    return [
+        Case(name="kv_commit_cuda", backend="cuda", source="csrc/kv/kv_kernels.cu", function=r"kv_commit_kernel",
+             grid=cuda_grid, measure=_measure_kv("cuda"), **common),
+        Case(name="kv_commit_triton", backend="triton", source="triton_kernels.kv_commit:kv_commit_kernel",
+             triton=dict(types=dict(cache_ptr="*i16", seq_lens_ptr="*i64", path_ptr="*i64", block_table_ptr="*i64"),
+                         constexprs=dict(PAGED=False, UPDATE_SEQ_LENS=True, BLOCK_M=4, BLOCK=1024), num_warps=4),
+             grid=lambda res: (caches * KV["batch"], 1), measure=_measure_kv("triton"), **common),
+    ]
+
+
+def attention_cases():
+    """Tree attention B=64 N=16 GQA 4 (32 query / 8 KV heads) D=128 bf16 over an 8k prefix; the causal decode
+    over the same KV moves the same bytes (its predicted time is the minimum: bytes / bandwidth)."""
+    a = ATT
+    kv_bytes = a["batch"] * a["kv_heads"] * a["prefix"] * a["head_dim"] * a["elem"] * 2
+    rows = a["nodes"] * a["group"]
+    block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
+    m_tiles = -(-rows // block_m)
+    programs = m_tiles * a["batch"] * a["kv_heads"]
+    splits = 1 if programs >= SMS else max(1, min(-(-2 * SMS // programs), a["prefix"] // 1024, 32))
+    return [Case(
+        name="tree_attention_triton", backend="triton", source="triton_kernels.tree_attention:tree_attention_kernel",
+        shape=f"B=64 N=16 GQA4 D=128 bf16 prefix 8k (x{m_tiles} m-tiles)", loop="mma", streams=2,
+        elem_bytes=a["head_dim"] * a["elem"], bytes_moved=kv_bytes * m_tiles, min_bytes=kv_bytes,
+        elems_per_pass=a["prefix"] // splits, items=programs * splits,
+        triton=dict(types=dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", prefix_lens_ptr="*i64",
+                               mask_ptr="*i64", table_ptr="*i64", out_ptr="*bf16", lse_ptr="*fp32",
+                               qk_scale="fp32"),
+                    constexprs=dict(PAGED=False, SKIP_PREFIX=False, BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=128,
+                                    IEEE=False),
+                    num_warps=4, num_stages=2),
+        grid=lambda res: (programs * splits, 1), measure=_measure_attention(),
+        elems_per_trip=64 / 128)]  # BLOCK_N keys per trip over 4 warps
+
+
+def all_cases():
+    return rejection_cases() + tree_cases() + kv_cases() + attention_cases()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Toolchain
+# ----------------------------------------------------------------------------------------------------------
+
+def find_nvcc():
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def find_tool(name, nvcc):
+    """cuobjdump / nvdisasm: next to nvcc, else the copies Triton ships."""
+    cand = [os.path.join(os.path.dirname(nvcc), name)] if nvcc else []
+    try:
+        import triton
+        cand.append(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name))
+    except ImportError:
+        pass
+    for c in cand:
+        if os.path.exists(c):
+            return c
+    return shutil.which(name)
+
+
+def run(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed:\n{out.stderr[-3000:]}")
+    return out.stdout + out.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading compiled code
+# ----------------------------------------------------------------------------------------------------------
+
+def parse_res_usage(text):
+    """cuobjdump -res-usage -> {function: dict(regs, stack, shared, local)}."""
+    out, fn = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function (\S+):", line)
+        if m:
+            fn = m.group(1)
+            continue
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
+        if m and fn:
+            out[fn] = dict(regs=int(m.group(1)), stack=int(m.group(2)), shared=int(m.group(3)),
+                           local=int(m.group(4)))
+            fn = None
+    return out
+
+
+def parse_ptxas(text):
+    """nvcc -Xptxas -v -> {function: spill bytes (stores + loads)}."""
+    spills, fn = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            fn = m.group(1)
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and fn:
+            spills[fn] = int(m.group(1)) + int(m.group(2))
+    return spills
+
+
+def parse_launch_bounds(ptx):
+    """PTX -> {function: (maxntid, minnctapersm)}."""
+    out = {}
+    for m in re.finditer(r"\.entry (\S+)\(.*?\)\s*((?:\.\w+[^\n]*\n)*)", ptx, re.S):
+        attrs = m.group(2)
+        ntid = re.search(r"\.maxntid (\d+)", attrs)
+        mnc = re.search(r"\.minnctapersm (\d+)", attrs)
+        out[m.group(1)] = (int(ntid.group(1)) if ntid else None, int(mnc.group(1)) if mnc else None)
+    return out
+
+
+def split_sass(text):
+    """cuobjdump -sass -> {function: [(address, instruction text)]}."""
+    funcs, cur = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            cur = funcs.setdefault(m.group(1), [])
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m and cur is not None:
+            cur.append((int(m.group(1), 16), m.group(2).strip()))
+    return funcs
+
+
+_LOAD = re.compile(r"\b(LDG|LDGSTS)(\.[\w.]+)?\b")
+_WIDTH = {".128": 16, ".64": 8, ".U16": 2, ".S16": 2, ".U8": 1, ".S8": 1}
+
+
+def load_bytes(ins):
+    m = _LOAD.search(ins)
+    if not m:
+        return 0
+    mods = m.group(2) or ""
+    for suffix, width in _WIDTH.items():
+        if suffix in mods:
+            return width
+    return 4
+
+
+_LOG_MARKERS = ("MUFU.LG2", "0.69314718")  # logf: the hardware log2, or the polynomial's final ln(2) multiply
+
+
+def _branch_target(ins):
+    parts = ins.split()
+    op = parts[1] if ins.startswith("@") else parts[0]
+    if not op.startswith("BRA"):
+        return None
+    m = re.search(r"(0x[0-9a-f]+)\s*$", ins)
+    return int(m.group(1), 16) if m else None
+
+
+def philox_groups(body):
+    """Philox blocks in a stretch of SASS: each of the 10 rounds multiplies by 0xD2511F53 once (one
+    IMAD.WIDE.U32, or an IMAD.HI.U32 with a separate low product)."""
+    mults = sum(1 for x in body if PHILOX_CONSTANT in x and ("IMAD.WIDE.U32" in x or "IMAD.HI.U32" in x))
+    groups = mults / 10
+    return groups if groups >= 1 and groups == int(groups) else 0  # else the constant sits in a register
+
+
+def hot_loop(sass, kind, streams, elem_bytes=4):
+    """The hot loop of `kind` (see Case.loop) -> (body instructions, cold instruction count) or None.
+
+    Loops are backward branches; of those holding the loads (and, for races, the Philox rounds) the innermost
+    are kept, then those with the widest loads (the vectorized path), and of several versions of one source
+    loop the one with the most load bytes when the case reads several streams, else the one with the fewest. Cold instructions are those of the
+    race's log path: the largest forward-branch region around each log marker that holds no random bits and
+    no loads (the path an entry takes only when it may still win, or when a race is still empty)."""
+    index = {addr: i for i, (addr, _) in enumerate(sass)}
+    loops = []
+    for i, (addr, ins) in enumerate(sass):
+        t = _branch_target(ins)
+        if t is not None and t <= addr and t in index:
+            loops.append((index[t], i))
+    cands = []
+    for lo, hi in set(loops):
+        body = [ins for _, ins in sass[lo:hi + 1]]
+        text = "\n".join(body)
+        nload = sum(load_bytes(x) for x in body)
+        philox = PHILOX_CONSTANT in text
+        if nload == 0:
+            continue
+        if kind == "race" and not philox:
+            continue
+        if kind == "scan" and (philox or "STG" in text):
+            continue
+        if kind == "copy" and "STG" not in text and "STS" not in text:
+            continue
+        if kind == "mma" and not re.search(r"\b(HMMA|HGMMA)", text):
+            continue
+        widest = max(load_bytes(x) for x in body)
+        cands.append((lo, hi, sum(load_bytes(x) for x in body if load_bytes(x) == widest), widest))
+    inner = [c for c in cands if not any(o is not c and c[0] <= o[0] and o[1] <= c[1] for o in cands)]
+    if not inner:
+        return None
+    widest = max(c[3] for c in inner)
+    inner = [c for c in inner if c[3] == widest]
+    def bases(c):  # distinct address registers of the widest loads: one per streamed row
+        found = set()
+        for _, x in sass[c[0]:c[1] + 1]:
+            if load_bytes(x) == c[3]:
+                m = re.search(r"\[(R\d+)(?:\.64)?", x)
+                if m:
+                    found.add(m.group(1))
+        return len(found)
+    if kind == "race":
+        inner = [c for c in inner if bases(c) == streams] or inner
+    lo, hi = (max if streams > 1 else min)(inner, key=lambda c: (c[2], c[0]))[:2]
+    cold = set()
+    for j in range(lo, hi + 1):
+        if not any(m in sass[j][1] for m in _LOG_MARKERS):
+            continue
+        best = None
+        for i in range(lo, j):
+            t = _branch_target(sass[i][1])
+            if t is not None and t > sass[j][0] and t in index and index[t] <= hi + 1:
+                region = (i + 1, index[t])
+                text = [sass[k][1] for k in range(*region)]
+                if any(PHILOX_CONSTANT in x or load_bytes(x) for x in text):
+                    continue  # the region holds hot work (random bits or loads): not a skipped path
+                if best is None or region[1] - region[0] > best[1] - best[0]:
+                    best = region
+        if best is not None:
+            cold.update(range(*best))
+    return [ins for _, ins in sass[lo:hi + 1]], len(cold)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Compiling
+# ----------------------------------------------------------------------------------------------------------
+
+def compile_cuda(nvcc, cuobjdump, source, arch, workdir):
+    """-> dict(function -> resources + sass) for one .cu file and arch."""
+    tag = os.path.basename(source).replace(".cu", "") + f"_sm{arch}"
+    keep = os.path.join(workdir, tag)
+    os.makedirs(keep, exist_ok=True)
+    cubin = os.path.join(keep, tag + ".cubin")
+    log = run([nvcc, "-std=c++17", "-O3", f"-arch=sm_{arch}", "-cubin", "--keep", "--keep-dir", keep, "-Xptxas",
+               "-v", "-I", os.path.join(ROOT, "csrc"), os.path.join(ROOT, source), "-o", cubin])
+    spills = parse_ptxas(log)
+    ptx = "".join(open(os.path.join(keep, f)).read() for f in os.listdir(keep) if f.endswith(".ptx"))
+    bounds = parse_launch_bounds(ptx)
+    res = parse_res_usage(run([cuobjdump, "-res-usage", cubin]))
+    sass = split_sass(run([cuobjdump, "-sass", cubin])) if arch == 90 else {}
+    out = {}
+    for fn, r in res.items():
+        ntid, mnc = bounds.get(fn, (None, None))
+        out[fn] = dict(r, spills=spills.get(fn, 0), threads=ntid, min_blocks=mnc, sass=sass.get(fn),
+                       uses_ctaid_y="SR_CTAID.Y" in "\n".join(x for _, x in sass.get(fn, [])))
+    return out
+
+
+def compile_triton(cuobjdump, case, workdir):
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    module, name = case.source.split(":")
+    fn = getattr(importlib.import_module(module), name)
+    spec = case.triton
+    names = fn.arg_names
+    const = {k: v for k, v in spec["constexprs"].items() if k in names}
+    sig = {}
+    for n in names:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n in spec["types"]:
+            sig[n] = spec["types"][n]
+        elif n.endswith("_ptr"):
+            sig[n] = "*i64"
+        elif n.startswith("stride") or n.endswith("_stride"):
+            sig[n] = "i64"
+        else:
+            sig[n] = "i32"
+    missing = [n for n in names if sig[n] == "i32" and n.isupper()]
+    if missing:
+        raise RuntimeError(f"{case.source}: no value for constexpr {missing} in bench/roofline.py")
+    # Pointers from the torch allocator are 16-byte aligned: the launcher's specialization.
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n].startswith("*")}
+    options = dict(num_warps=spec.get("num_warps", 4), num_stages=spec.get("num_stages", 3))
+    target = GPUTarget("cuda", 90, 32)
+    try:
+        kernel = triton.compile(ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()},
+                                          attrs=attrs), target=target, options=options)
+    except TypeError:
+        kernel = triton.compile(ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()}),
+                                target=target, options=options)
+    cubin = os.path.join(workdir, case.name + ".cubin")
+    with open(cubin, "wb") as f:
+        f.write(kernel.asm["cubin"])
+    res = parse_res_usage(run([cuobjdump, "-res-usage", cubin]))
+    sass = split_sass(run([cuobjdump, "-sass", cubin]))
+    fname = next(iter(res))
+    r = res[fname]
+    shared = max(r["shared"], int(getattr(kernel.metadata, "shared", 0) or 0))
+    return dict(r, shared=shared, spills=r["local"], threads=32 * options["num_warps"], min_blocks=None,
+                sass=sass.get(fname) or next(iter(sass.values())), uses_ctaid_y=False)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------------------
+
+def blocks_per_sm(regs, shared, threads):
+    warps = -(-threads // 32)
+    regs_per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    by_regs = REGS_PER_SM // (regs_per_warp * warps)
+    by_smem = SMEM_PER_SM // shared if shared else BLOCKS_PER_SM
+    by_threads = THREADS_PER_SM // threads
+    return max(0, min(by_regs, by_smem, by_threads, BLOCKS_PER_SM))
+
+
+def vocab_parts_for(batch, vocab, resident, threads):
+    """Mirror of csrc/common/vocab_split.h vocab_parts_for."""
+    by_device = resident // batch if batch > 0 else 1
+    by_vocab = ((vocab + 3) // 4) // threads
+    return max(1, min(by_device, by_vocab))
+
+
+def predict(case, res):
+    threads = res["threads"] or 1024
+    occ = blocks_per_sm(res["regs"], res["shared"], threads)
+    if case.grid is not None:
+        grid, per_item = case.grid(res)
+    elif res.get("uses_ctaid_y"):
+        per_item = vocab_parts_for(case.items, case.elems_per_pass, SMS * (res["min_blocks"] or occ), threads)
+        grid = case.items * per_item
+    else:
+        grid, per_item = case.items, 1
+    waves = -(-grid // (SMS * max(occ, 1)))
+    loop = hot_loop(res["sass"] or [], case.loop, case.streams, case.elem_bytes)
+    row = dict(regs=res["regs"], spills=res["spills"], smem=res["shared"], threads=threads, ctas_per_sm=occ,
+               grid=grid, sms_busy=min(grid, SMS), waves=waves, bytes_mb=case.bytes_moved / 1e6,
+               bytes_vs_min=case.bytes_moved / case.min_bytes)
+    t_mem = case.bytes_moved / BANDWIDTH
+    t_issue = t_lat = 0.0
+    if loop is not None:
+        body, cold = loop
+        hot = len(body) - cold
+        vector = [load_bytes(x) for x in body if load_bytes(x) >= 8]  # the streamed rows (scalars: indices)
+        per_trip_bytes = sum(vector) or sum(load_bytes(x) for x in body)
+        elems_per_trip = case.elems_per_trip or per_trip_bytes / (case.streams * case.elem_bytes)
+        trips = math.ceil(case.elems_per_pass / per_item / (threads * elems_per_trip)) if elems_per_trip else 0
+        warps_total = grid * (threads // 32)
+        t_issue = case.passes * trips * warps_total * hot / (min(grid, SMS) * ISSUE_PER_SM * CLOCK_HZ)
+        t_lat = waves * case.passes * trips * LATENCY_S
+        row.update(loop_instructions=hot, loop_cold=cold, loads_per_trip_bytes=per_trip_bytes,
+                   instr_per_elem=hot / elems_per_trip if elems_per_trip else None, trips=trips)
+    else:
+        row.update(loop_instructions=None, loop_cold=None, loads_per_trip_bytes=None, instr_per_elem=None, trips=None)
+    predicted = LAUNCH_S + max(t_mem, t_issue, t_lat)
+    bound = max((t_mem, "memory"), (t_issue, "issue"), (t_lat, "latency"))[1]
+    row.update(t_mem_us=t_mem * 1e6, t_issue_us=t_issue * 1e6, t_lat_us=t_lat * 1e6, predicted_us=predicted * 1e6,
+               bound=bound, pct_peak=100 * case.min_bytes / BANDWIDTH / predicted)
+    return row
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Measuring (GPU only)
+# ----------------------------------------------------------------------------------------------------------
+
+def _time(fn, iters=50):
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters / 1e3
+
+
+def _measure_rejection(batch, has_q, greedy, backend):
+    def measure():
+        import torch
+
+        import specdec_ops
+        g = torch.Generator(device="cuda").manual_seed(0)
+        p = torch.rand(batch, K + 1, V, device="cuda", generator=g).softmax(-1)
+        q = torch.rand(batch, K, V, device="cuda", generator=g).softmax(-1) if has_q else None
+        ids = p[:, :K].argmax(-1) if greedy else torch.randint(0, V, (batch, K), device="cuda", generator=g)
+        n = torch.full((batch,), K, dtype=torch.int64, device="cuda")
+        seeds = torch.arange(batch, device="cuda")
+        offsets = torch.zeros(batch, dtype=torch.int64, device="cuda")
+        flags = torch.full((batch,), greedy, dtype=torch.bool, device="cuda")
+        return _time(lambda: specdec_ops.rejection_sample(p, ids, n, draft_probs=q, seeds=seeds, offsets=offsets,
+                                                          greedy=flags, backend=backend))
+    return measure
+
+
+def _measure_tree(has_q, backend):
+    def measure():
+        import torch
+
+        import specdec_ops
+        b = 64
+        g = torch.Generator(device="cuda").manual_seed(0)
+        p = torch.rand(b, N_TREE, V, device="cuda", generator=g).softmax(-1)
+        q = torch.rand(b, N_TREE, V, device="cuda", generator=g).softmax(-1) if has_q else None
+        parents = torch.tensor([-1] + [0] * 3 + [1 + (i % 3) for i in range(N_TREE - 4)], device="cuda")
+        parents = parents.expand(b, N_TREE).contiguous()
+        tokens = torch.randint(0, V, (b, N_TREE), device="cuda", generator=g)
+        seeds = torch.arange(b, device="cuda")
+        offsets = torch.zeros(b, dtype=torch.int64, device="cuda")
+        return _time(lambda: specdec_ops.tree_rejection_sample(p, tokens, parents, draft_probs=q, seeds=seeds,
+                                                               offsets=offsets, backend=backend))
+    return measure
+
+
+def _measure_kv(backend):
+    def measure():
+        import torch
+
+        import specdec_ops
+        k = KV
+        cap = 512
+        caches = [torch.randn(k["batch"], cap, k["heads"], k["head_dim"], device="cuda", dtype=torch.bfloat16)
+                  for _ in range(2 * k["layers"])]
+        seq_lens = torch.full((k["batch"],), 100, dtype=torch.int32, device="cuda")
+        path = torch.tensor([0, 2, 5, 7], device="cuda").expand(k["batch"], 4).contiguous()
+
+        def step():
+            specdec_ops.kv_commit(caches, seq_lens, path, backend=backend)
+            seq_lens.fill_(100)
+        return _time(step)
+    return measure
+
+
+def _measure_attention():
+    def measure():
+        import torch
+
+        import specdec_ops
+        a = ATT
+        hq = a["kv_heads"] * a["group"]
+        cap = a["prefix"] + a["nodes"]
+        q = torch.randn(a["batch"], a["nodes"], hq, a["head_dim"], device="cuda", dtype=torch.bfloat16)
+        kc = torch.randn(a["batch"], cap, a["kv_heads"], a["head_dim"], device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        prefix = torch.full((a["batch"],), a["prefix"], dtype=torch.int64, device="cuda")
+        parents = torch.tensor([-1] + list(range(a["nodes"] - 1)), device="cuda").expand(a["batch"], -1)
+        mask = specdec_ops.build_tree(parents.contiguous()).mask
+        tree = _time(lambda: specdec_ops.tree_attention(q, kc, vc, prefix, mask, backend="triton"))
+        qd = q[:, :1].transpose(1, 2)
+        kd, vd = kc[:, :a["prefix"]].transpose(1, 2), vc[:, :a["prefix"]].transpose(1, 2)
+        decode = _time(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True))
+        print(f"  tree_attention {tree * 1e6:.1f} us vs causal decode (SDPA) {decode * 1e6:.1f} us: "
+              f"{tree / decode:.2f}x")
+        return tree
+    return measure
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------------
+
+COLUMNS = [("kernel", "{:<26}"), ("regs", "{:>4}"), ("spill", "{:>5}"), ("smem", "{:>6}"), ("thr", "{:>4}"),
+           ("cta/sm", "{:>6}"), ("grid", "{:>6}"), ("waves", "{:>5}"), ("MB", "{:>8.1f}"), ("x min", "{:>5.2f}"),
+           ("ins/el", "{:>6}"), ("pred us", "{:>8.1f}"), ("bound", "{:>8}"), ("% peak", "{:>6.0f}")]
+
+
+def format_row(name, r):
+    ipe = f"{r['instr_per_elem']:.1f}" if r.get("instr_per_elem") is not None else "-"
+    vals = [name, r["regs"], r["spills"], r["smem"], r["threads"], r["ctas_per_sm"], r["grid"], r["waves"],
+            r["bytes_mb"], r["bytes_vs_min"], ipe, r["predicted_us"], r["bound"], r["pct_peak"]]
+    return " ".join(fmt.format(v) for (_, fmt), v in zip(COLUMNS, vals))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write the table as JSON here")
+    ap.add_argument("--only", help="comma-separated case names (prefix match)")
+    ap.add_argument("--measure", action="store_true", help="time every kernel on the GPU next to the prediction")
+    args = ap.parse_args(argv)
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        print("roofline: SKIP: nvcc not found (set CUDA_HOME); nothing compiled, nothing checked")
+        return 0
+    cuobjdump = find_tool("cuobjdump", nvcc)
+    if cuobjdump is None:
+        print("roofline: SKIP: cuobjdump not found (neither next to nvcc nor in triton's package)")
+        return 0
+    cases = all_cases()
+    if args.only:
+        wanted = args.only.split(",")
+        cases = [c for c in cases if any(c.name.startswith(w) for w in wanted)]
+
+    errors, rows, spill_notes = [], {}, []
+    with tempfile.TemporaryDirectory() as workdir:
+        sources = sorted({c.source for c in cases if c.backend == "cuda"})
+        jobs = [(s, a) for s in sources for a in (90, 80)]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+            futures = {job: pool.submit(compile_cuda, nvcc, cuobjdump, job[0], job[1], workdir) for job in jobs}
+        compiled = {}
+        for job, fut in futures.items():
+            try:
+                compiled[job] = fut.result()
+            except Exception as e:  # noqa: BLE001 - reported in the table, exit 1
+                errors.append(f"{job[0]} sm_{job[1]}: {e}")
+        for (source, arch), funcs in compiled.items():
+            for fn, r in funcs.items():
+                if r["spills"] or r["local"]:
+                    spill_notes.append(f"{source} sm_{arch} {fn}: {r['spills']} B spills, {r['local']} B local")
+        for case in cases:
+            try:
+                if case.backend == "cuda":
+                    funcs = compiled.get((case.source, 90))
+                    if funcs is None:
+                        continue
+                    match = [f for f in funcs if re.search(case.function, f)]
+                    if not match:
+                        raise RuntimeError(f"no entry matching {case.function!r} in {case.source}")
+                    res = funcs[match[0]]
+                else:
+                    res = compile_triton(cuobjdump, case, workdir)
+                    if res["spills"]:
+                        spill_notes.append(f"{case.source} sm_90 ({case.name}): {res['spills']} B local")
+                rows[case.name] = dict(predict(case, res), backend=case.backend, shape=case.shape)
+            except Exception as e:  # noqa: BLE001 - reported, exit 1
+                errors.append(f"{case.name}: {str(e)[-600:]}")
+
+    if args.measure:
+        for case in cases:
+            if case.name in rows and case.measure is not None:
+                try:
+                    t = case.measure()
+                    rows[case.name].update(measured_us=t * 1e6,
+                                           measured_pct_peak=100 * case.min_bytes / BANDWIDTH / t)
+                except Exception as e:  # noqa: BLE001 - a kernel that cannot be timed is reported
+                    rows[case.name]["measure_error"] = str(e)[-300:]
+
+    hdr = "kernel                     regs spill   smem  thr cta/sm   grid waves       MB x min ins/el  pred us" \
+          "    bound % peak"
+    if args.measure:
+        hdr += "  meas us % peak"
+    print(hdr)
+    for case in cases:
+        if case.name not in rows:
+            continue
+        r = rows[case.name]
+        line = format_row(case.name, r)
+        if args.measure:
+            line += (f" {r['measured_us']:>8.1f} {r['measured_pct_peak']:>6.0f}" if "measured_us" in r
+                     else f"  ({r.get('measure_error', 'not measured')[:60]})")
+        print(line)
+    print("\nscenarios: " + "; ".join(sorted({f"{c.name.replace('_cuda', '').replace('_triton', '')}: {c.shape}"
+                                             for c in cases if c.name in rows})))
+    print(f"model: H200 {SMS} SMs, {BANDWIDTH / 1e12:.1f} TB/s, {CLOCK_HZ / 1e9:.2f} GHz x {ISSUE_PER_SM} "
+          f"warp-instr/clk/SM, latency {LATENCY_S * 1e6:.1f} us, launch {LAUNCH_S * 1e6:.1f} us (see docstring)")
+    for note in spill_notes:
+        print("SPILL: " + note)
+    for err in errors:
+        print("ERROR: " + err)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(rows=rows, spills=spill_notes, errors=errors,
+                           model=dict(sms=SMS, bandwidth=BANDWIDTH, clock_hz=CLOCK_HZ, issue_per_sm=ISSUE_PER_SM,
+                                      latency_s=LATENCY_S, launch_s=LAUNCH_S)), f, indent=1)
+    return 1 if spill_notes or errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
