@@ -1,7 +1,7 @@
 """SpeculativeDecoder: the decode loop (DESIGN.md §5.6).
 
-The algorithm is ``generate`` below, one screen long: draft, one target forward over the draft, process
-the logits, verify, commit the accepted K/V, emit. The helpers under it do the bookkeeping. The loop
+The algorithm is ``generate`` below, one screen long: draft, one target forward over the draft, verify
+straight from the logits, commit the accepted K/V, emit. The helpers under it do the bookkeeping. The loop
 stands on ``types``, ``batch``, ``forward`` and ``sampling``; the drafters stand on the same modules and
 never import this one.
 """
@@ -18,7 +18,7 @@ from specdec_ops._nvtx import nvtx_range
 from .batch import Batch
 from .forward import (TREE_ATTENTION, RaggedKVCache, chain_tree, forward, model_device, model_dtype, tree_of,
                       vocab_size)
-from .sampling import SamplingParams, process_probs, request_seeds, token_logprobs
+from .sampling import SamplingParams, request_seeds
 from .types import MAX_TREE_NODES, Draft, Drafter, GenerateOutput, GenerationStats
 
 
@@ -107,14 +107,12 @@ class SpeculativeDecoder:
                 draft = self.drafter.propose(batch, self.k, self.tree, sampling)
             with nvtx_range("verify"):
                 logits = self._verify_forward(draft)                 # one target forward over every node
-                probs = process_probs(logits, sampling)
             with nvtx_range("sample"):
-                out = self._verify(draft, probs, sampling, batch)
+                out = self._verify(draft, logits, sampling, batch, logprobs)    # straight from the logits
             with nvtx_range("commit"):
                 ops.kv_commit(self.cache.commit_views(), self.cache.seq_lens, out.accepted_path)
                 self.drafter.commit(out.accepted_path, out.num_accepted)
-                lp = token_logprobs(logits, probs, sampling, out.accepted_path, out.token_ids) if logprobs else None
-                appended = batch.emit(out.token_ids, out.num_accepted, lp, streamer)
+                appended = batch.emit(out.token_ids, out.num_accepted, out.logprobs, streamer)
                 stats_step(stats, draft, out, appended)
             if any(batch.finished):                                  # finished requests stop costing work
                 sampling = self._drop_finished(batch, sampling)
@@ -144,15 +142,12 @@ class SpeculativeDecoder:
             logits = forward(self.target, self.cache, batch.tokens[:, :width], self.cache.seq_lens, depth, mask,
                              logits_at=batch.lengths - 1, tree_attention_backend=self.tree_attention_backend)
             self.cache.seq_lens.copy_(batch.lengths)
-            probs = process_probs(logits, sampling)[:, None]
             none = torch.zeros(len(prompts), 0, dtype=torch.int64, device=device)
-            first = ops.rejection_sample(probs, none, torch.zeros(len(prompts), dtype=torch.int64, device=device),
-                                         seeds=batch.seeds, offsets=batch.offsets, greedy=sampling.greedy)
-            lp = None
-            if logprobs:
-                lp = token_logprobs(logits[:, None], probs, sampling, torch.zeros_like(first.token_ids),
-                                    first.token_ids)
-            batch.emit(first.token_ids, first.num_accepted, lp, streamer)
+            first = ops.rejection_sample_logits(logits[:, None], none, torch.zeros(len(prompts), dtype=torch.int64,
+                                                                                   device=device),
+                                                seeds=batch.seeds, offsets=batch.offsets, return_logprobs=logprobs,
+                                                **sampling.op_kwargs())
+            batch.emit(first.token_ids, first.num_accepted, first.logprobs, streamer)
         stats.generated_tokens += len(prompts)
         self.drafter.reset(batch, capacity, self.vocab_size)
         if any(batch.finished):
@@ -175,24 +170,26 @@ class SpeculativeDecoder:
         return forward(self.target, self.cache, draft.tokens, self.cache.seq_lens, depth, mask,
                        tree_attention_backend=self.tree_attention_backend)
 
-    def _verify(self, draft: Draft, target_probs, sampling: SamplingParams, batch: Batch) -> Verified:
-        greedy = sampling.greedy
+    def _verify(self, draft: Draft, logits, sampling: SamplingParams, batch: Batch, logprobs: bool) -> Verified:
+        """Verification from the target's raw logits [B, N, V] (DESIGN.md §5.7): the ops process each row
+        with the request's parameters only when verification reaches it."""
+        kwargs = dict(seeds=batch.seeds, offsets=batch.offsets, return_logprobs=logprobs, **sampling.op_kwargs())
         if draft.chain:
             q = None if draft.draft_probs is None else draft.draft_probs[:, :-1].contiguous()
-            out = ops.rejection_sample(target_probs, draft.tokens[:, 1:], draft.num_nodes - 1, q,
-                                       seeds=batch.seeds, offsets=batch.offsets, greedy=greedy)
-            steps = torch.arange(draft.tokens.shape[1], device=target_probs.device)
+            out = ops.rejection_sample_logits(logits, draft.tokens[:, 1:], draft.num_nodes - 1, q, **kwargs)
+            steps = torch.arange(draft.tokens.shape[1], device=logits.device)
             path = torch.where(steps <= out.num_accepted[:, None].long(), steps, -1)
-            return Verified(out.token_ids, out.num_accepted, path)
-        out = ops.tree_rejection_sample(target_probs, draft.tokens, draft.parents, draft.num_nodes,
-                                        draft.draft_probs, seeds=batch.seeds, offsets=batch.offsets, greedy=greedy)
-        return Verified(out.token_ids, out.num_accepted, out.accepted_path)
+            return Verified(out.token_ids, out.num_accepted, path, out.logprobs)
+        out = ops.tree_rejection_sample_logits(logits, draft.tokens, draft.parents, draft.num_nodes,
+                                               draft.draft_probs, **kwargs)
+        return Verified(out.token_ids, out.num_accepted, out.accepted_path, out.logprobs)
 
 
 class Verified(NamedTuple):
     token_ids: torch.Tensor      # int64 [B, N]: accepted drafts, then the final token, then -1
     num_accepted: torch.Tensor   # int32 [B]
     accepted_path: torch.Tensor  # int [B, N]: 0, a1, .., then -1 (window offsets of the committed entries)
+    logprobs: torch.Tensor | None  # float32 [B, N] (NaN padded) when asked for
 
 
 def stats_step(stats: GenerationStats, draft: Draft, out: Verified, appended: list[int]) -> None:

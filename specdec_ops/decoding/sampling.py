@@ -1,8 +1,7 @@
 """Per-request sampling parameters, the processed distribution (DESIGN.md §5.7), seeds and draft sampling.
 
-``process_probs`` is the one place target and drafter logits become probabilities, so both sides of the
-verification see the same transformed distributions. It follows §5.7 step by step and has the signature of
-``specdec_ops.process_logits`` (parameters index dim 0), which can replace it. Random numbers: request b's
+Target and drafter see the same transformed distributions: the drafter's come from ``process_probs``
+(``specdec_ops.process_logits``), the target's are processed inside the logits verification ops. Random numbers: request b's
 verifier seed comes from ``seed`` and b; a drafter draws from its own stream (``stream_seeds``), never from the
 verifier's, since draft tokens correlated with the verifier's uniforms would bias the output.
 """
@@ -24,8 +23,8 @@ class SamplingParams:
     """Per-request parameters, device tensors indexed by the batch row (DESIGN.md §5.7).
 
     temperature: float32 [B] (0 = greedy), top_k: int64 [B] (0 = off), top_p: float32 [B] (1 = off),
-    min_p: float32 [B] (0 = off), greedy: bool [B]. The host flags say which steps any row needs, so a
-    batch without top-k / top-p skips the sort.
+    min_p: float32 [B] (0 = off), greedy: bool [B]. The host flags say which filters any row uses; the
+    others are passed to the ops as off (None).
     """
 
     temperature: torch.Tensor
@@ -71,6 +70,12 @@ class SamplingParams:
                    uses_top_p=any(s and p < 1.0 for s, p in zip(sampled, top_p)),
                    uses_min_p=any(s and p > 0.0 for s, p in zip(sampled, min_p)))
 
+    def op_kwargs(self) -> dict:
+        """The keyword arguments of the package's logits ops (``process_logits``, ``rejection_sample_logits``,
+        ``tree_rejection_sample_logits``); a filter no request uses is passed as None (off)."""
+        return dict(temperature=self.temperature, top_k=self.top_k if self.uses_top_k else None,
+                    top_p=self.top_p if self.uses_top_p else None, min_p=self.min_p if self.uses_min_p else None)
+
     def select(self, rows: torch.Tensor) -> SamplingParams:
         """The parameters of the requests at ``rows`` (int64 [B'], on the parameters' device)."""
         return SamplingParams(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.min_p[rows],
@@ -96,78 +101,11 @@ def _at(b: int, batch: int) -> str:
 
 
 def process_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """float32 probabilities ``[R, ..., V]`` of logits ``[R, ..., V]`` for request r = row r (DESIGN.md §5.7).
-
-    Sampled rows, in this order, renormalizing after each step: (1) p = softmax(l / T), NaN logits as -inf;
-    (2) top-k: keep p_i >= the k-th largest value (ties at the boundary kept); (3) top-p: keep p_i >= t, t the
-    largest value whose kept mass is >= top_p (ties kept); (4) min-p: keep p_i >= min_p * max(p). Greedy rows
-    (T = 0): one-hot at the argmax of the raw logits (first index on ties), which greedy verification takes.
-    A row with no finite logit has no mass (all zeros).
-    """
-    logits = logits.float()
-    logits = logits.masked_fill(torch.isnan(logits), float("-inf"))
-    view = (-1,) + (1,) * (logits.dim() - 1)
-    greedy = params.greedy.view(view)
-    if params.all_greedy:
-        return _one_hot_argmax(logits)
-    temperature = torch.where(params.greedy, 1.0, params.temperature).view(view)
-    p = torch.softmax(logits / temperature, dim=-1).nan_to_num(nan=0.0)      # all -inf: no mass
-    if params.uses_top_k or params.uses_top_p:
-        ordered = torch.sort(p, dim=-1, descending=True).values
-        vocab = p.shape[-1]
-        if params.uses_top_k:
-            k = params.top_k.view(view)
-            on = (k > 0) & (k < vocab) & ~greedy
-            kth = ordered.gather(-1, (k.clamp(1, vocab) - 1).expand(*p.shape[:-1], 1))
-            kth = torch.where(on, kth, 0.0)
-            # one normalizer for both: equal entries of p and ordered stay bitwise equal
-            p, total = _renormalize(p, p >= kth, return_total=True)
-            ordered = _renormalize(ordered, ordered >= kth, total=total)
-        if params.uses_top_p:
-            top_p = params.top_p.view(view)
-            # the smallest j with cumsum(ordered)[j] >= top_p; its value t keeps mass >= top_p (ties add more),
-            # while every larger value keeps at most cumsum[j - 1] < top_p
-            j = (ordered.cumsum(-1) < top_p).sum(-1, keepdim=True).clamp(max=vocab - 1)
-            t = torch.where((top_p < 1.0) & ~greedy, ordered.gather(-1, j), 0.0)
-            p = _renormalize(p, p >= t)
-    if params.uses_min_p:
-        min_p = torch.where(params.greedy, 0.0, params.min_p).view(view)
-        p = _renormalize(p, p >= min_p * p.amax(-1, keepdim=True))
-    if params.any_greedy:
-        p = torch.where(greedy, _one_hot_argmax(logits), p)
-    return p
-
-
-def _renormalize(p: torch.Tensor, keep: torch.Tensor, total: torch.Tensor | None = None, return_total=False):
-    """p where ``keep``, else 0, divided by its sum (or by ``total``); rows without mass stay 0."""
-    kept = torch.where(keep, p, 0.0)
-    if total is None:
-        total = kept.sum(-1, keepdim=True)
-    out = torch.where(total > 0, kept / total.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
-    return (out, total) if return_total else out
-
-
-def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """float32 one-hot at the first argmax; a row of -inf only (no finite logit) has no mass."""
-    top = logits.argmax(-1, keepdim=True)
-    out = torch.zeros_like(logits).scatter_(-1, top, 1.0)
-    return torch.where(torch.isfinite(logits.amax(-1, keepdim=True)), out, 0.0)
-
-
-def token_logprobs(logits: torch.Tensor, probs: torch.Tensor, params: SamplingParams, rows: torch.Tensor,
-                   tokens: torch.Tensor) -> torch.Tensor:
-    """float32 ``[B, M]``: log-probability of ``tokens[b, i]`` under the distribution of row ``rows[b, i]``
-    (``logits``/``probs`` ``[B, N, V]``): the processed one for sampled requests, log_softmax of the raw
-    logits for greedy ones (§5.7). Entries with ``tokens < 0`` are NaN."""
-    valid = tokens >= 0
-    index = (rows.clamp(min=0).long(), tokens.clamp(min=0).long())
-    batch = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
-    raw = logits.float()
-    raw = raw.masked_fill(torch.isnan(raw), float("-inf"))
-    greedy_lp = torch.log_softmax(raw[batch, index[0]], dim=-1).gather(-1, index[1][..., None])[..., 0]
-    sampled_lp = torch.log(probs[batch, index[0], index[1]])
-    out = torch.where(params.greedy[:, None], greedy_lp, sampled_lp)
-    return out.masked_fill(~valid, float("nan"))
+    """float32 probabilities ``[R, ..., V]`` of logits ``[R, ..., V]`` for request r = row r (DESIGN.md §5.7):
+    ``specdec_ops.process_logits`` with the requests' parameters (greedy rows: one-hot at the argmax of the raw
+    logits, first index on ties; a row with no finite logit has no mass). What a drafter samples from and
+    hands to verification as ``draft_probs``; the target side never materializes it (the logits ops)."""
+    return ops.process_logits(logits, **params.op_kwargs())
 
 
 # ------------------------------------------------------------------------------------------------ random numbers
