@@ -1,0 +1,737 @@
+"""Vocab-parallel verification for tensor-parallel targets (DESIGN.md §5.8).
+
+A tensor-parallel LM head leaves each rank with the logits of a slice of the
+vocabulary, ``[.., V_local]`` covering global ids ``vocab_start ..
+vocab_start + V_local - 1``. The functions here verify drafts on those shards
+and return, on every rank, the result of the unsharded §5.7 op on the
+concatenated logits for the same seeds: no rank ever holds a full row.
+
+How the pieces combine (R = the number of logits rows, B*(K+1) or T+B):
+
+* the row maximum of ``l / T`` (greedy rows: of the raw logits, with the first
+  index reaching it) is one all-reduce MAX of int64 keys ``(order-preserving
+  bits of the value, ~global index)``;
+* ``e_i = exp(l_i / T - max)`` is then exact per shard; the top-k threshold is a
+  radix select over the bits of ``e`` (4 rounds of 8-bit digits, the count
+  histograms ``[R, 256]`` all-reduced), the top-p threshold the same with mass
+  histograms, min-p is local (the row maximum of ``e`` is exactly 1), and the
+  normalizer ``Z`` is one more sum;
+* the acceptance test of draft k needs ``p_k(x_k)`` and ``q_k(x_k)``, which only
+  the rank owning ``x_k`` has: it decides, and one all-reduce SUM of ``[B, K]``
+  flags (with the log-probabilities) tells the others;
+* the final token is an exponential race (§5.2) whose noise is keyed by the
+  global vocabulary index (§5.1), so each rank races over its shard and one
+  all-reduce MAX of packed ``(score, ~global index)`` keys picks the winner
+  (the smallest index on ties), for the residual and for the fallback row at
+  once.
+
+Float sums (histogram masses, ``Z``) are all-gathered and added in rank order,
+so every rank gets bit-identical values whatever the collective algorithm; max,
+counts and flags are exact and use all-reduce. Every collective has a shape fixed
+by ``B``, ``K``, 256 and the world size: the GPU path (NCCL) has no host sync
+(see ``check_shards``), the CPU path uses gloo.
+
+The per-shard work is plain PyTorch here. A fused GPU kernel per step would do
+each pass over a shard in one read: the scaled max and argmax; ``e``, the digit
+histograms (in shared memory) and the partial sums; and the race over the B
+selected rows with Philox generated in registers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from ._checks import INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, fail, first_bad
+from ._backend import values_checked_here
+
+__all__ = ["rejection_sample_logits", "rejection_sample_logits_packed", "check_vocab_shards"]
+
+_MASK32 = 0xFFFFFFFF
+_PURPOSE_ACCEPT, _PURPOSE_RESIDUAL, _PURPOSE_BONUS = 0, 1, 2  # csrc/common/philox.h
+_DIGIT_BITS = 8
+_NUM_DIGITS = 1 << _DIGIT_BITS
+_SHIFTS = (24, 16, 8, 0)  # radix rounds over the 31 value bits of a non-negative float32
+
+
+
+class _LogitsOutput(NamedTuple):
+    token_ids: torch.Tensor
+    num_accepted: torch.Tensor
+    logprobs: torch.Tensor | None
+
+
+# ---------------------------------------------------------------------------------------------- collectives
+
+
+class _Comm:
+    """The collectives of one call, on `group`, with tensors on `device`.
+
+    ``stats`` (a dict or None) accumulates ``collectives`` and ``bytes_sent``: what
+    this rank sends under ring algorithms (all-reduce of n bytes: 2(w-1)/w * n;
+    all-gather of n bytes per rank: (w-1) * n).
+    """
+
+    def __init__(self, group, device: torch.device, stats: dict | None):
+        if not dist.is_available() or not dist.is_initialized():
+            fail("torch.distributed is not initialized: call torch.distributed.init_process_group first "
+                 "(group=None means the default group)")
+        self.group = group
+        self.device = device
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.stats = stats
+        if stats is not None:
+            stats.setdefault("collectives", 0)
+            stats.setdefault("bytes_sent", 0)
+
+    def _count(self, nbytes: float) -> None:
+        if self.stats is not None:
+            self.stats["collectives"] += 1
+            self.stats["bytes_sent"] += int(nbytes)
+
+    def all_reduce(self, t: torch.Tensor, op) -> torch.Tensor:
+        """All-reduce (MAX or SUM) of an exact (integer) or owner-only tensor, in place; returns it."""
+        if self.world > 1:
+            self._count(2 * (self.world - 1) / self.world * t.numel() * t.element_size())
+            dist.all_reduce(t, op=op, group=self.group)
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """[world, *t.shape]: every rank's t, in rank order."""
+        t = t.contiguous()
+        if self.world == 1:
+            return t.unsqueeze(0)
+        out = torch.empty(self.world * t.numel(), dtype=t.dtype, device=t.device)
+        self._count((self.world - 1) * t.numel() * t.element_size())
+        dist.all_gather_into_tensor(out, t.reshape(-1), group=self.group)
+        return out.view((self.world,) + tuple(t.shape))
+
+    def sum_float(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of every rank's float partials, added in rank order: bit-identical on every rank."""
+        gathered = self.all_gather(t)
+        total = gathered[0].clone()
+        for r in range(1, self.world):
+            total += gathered[r]
+        return total
+
+
+def check_vocab_shards(vocab_start: int, local_vocab: int, vocab_size: int, *, group=None,
+                       device: torch.device | str | None = None, extra: tuple[int, ...] = ()) -> None:
+    """Check on every rank that the ranks' shards tile ``[0, vocab_size)`` in rank order.
+
+    All-gathers ``(vocab_start, local_vocab, vocab_size, *extra)`` from every rank
+    and raises the same SpecDecArgumentError on every rank when the shards leave a
+    gap, overlap, are out of rank order, when ranks disagree on ``vocab_size`` or
+    on any entry of ``extra`` (the verification functions pass their batch
+    shape and which optional arguments are given, so mismatched calls raise
+    instead of hanging in a later collective).
+
+    Parameters
+    ----------
+    vocab_start : int
+        First global id of this rank's shard.
+    local_vocab : int
+        V_local, the number of ids in this rank's shard (may be 0).
+    vocab_size : int
+        The global V.
+    group : torch.distributed process group, optional
+        None means the default group.
+    device : torch.device, optional
+        Where the exchanged tensor lives (CUDA for NCCL, CPU for gloo); None: CUDA
+        when the group's backend is NCCL, else CPU. On CUDA this reads the result
+        on the host (one sync): call it once, then pass ``check_shards=False``.
+    extra : tuple of int
+        Values that must agree across ranks.
+    """
+    if device is None:
+        backend = dist.get_backend(group)
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    comm = _Comm(group, torch.device(device), None)
+    mine = torch.tensor([vocab_start, local_vocab, vocab_size, *extra], dtype=torch.int64)
+    table = comm.all_gather(mine.to(comm.device)).cpu()
+    _check_tiling(table, comm.rank)
+
+
+def _check_tiling(table: torch.Tensor, rank: int) -> None:
+    """Raise (the same message on every rank) unless the rows of `table` tile [0, V) in rank order."""
+    rows = [[int(v) for v in row] for row in table]
+    who = f"(this is rank {rank})"
+    sizes = {row[2] for row in rows}
+    if len(sizes) != 1:
+        fail("vocab_size differs across ranks: " + ", ".join(f"rank {r}: {row[2]}" for r, row in enumerate(rows))
+             + f" {who}")
+    for r, row in enumerate(rows):
+        if row[3:] != rows[0][3:]:
+            fail(f"rank {r} was called with different shapes or optional arguments than rank 0 "
+                 f"({row[3:]} vs {rows[0][3:]}: batch size, rows, K, and which of draft_probs, temperature, "
+                 f"top_k, top_p, min_p, seeds, return_logprobs are given) {who}")
+    vocab = rows[0][2]
+    expected = 0
+    for r, (start, size, *_) in enumerate(rows):
+        if size < 0 or start != expected:
+            spans = ", ".join(f"rank {i}: [{s}, {s + n})" for i, (s, n, *_) in enumerate(rows))
+            fail(f"the vocab shards do not tile [0, {vocab}) in rank order: rank {r} starts at {start} "
+                 f"where {expected} was expected ({spans}) {who}")
+        expected = start + size
+    if expected != vocab:
+        spans = ", ".join(f"rank {i}: [{s}, {s + n})" for i, (s, n, *_) in enumerate(rows))
+        fail(f"the vocab shards cover [0, {expected}) but vocab_size is {vocab} ({spans}) {who}")
+
+
+# ---------------------------------------------------------------------------------------------- per-shard math
+
+
+def _philox_uniform(seeds, offsets, position, purpose, index: torch.Tensor) -> torch.Tensor:
+    """§5.1 uniforms [B, L] for global vocab ids `index` [B, L] (or [L]): request b's numbers.
+
+    Philox4x32-10 on int64 tensors holding uint32 words (the 64-bit product of two
+    uint32 words is exact modulo 2^64, and its halves are read back with masks).
+    `position` is an int64 [B] tensor, `purpose` an int or an int64 [B] tensor.
+    """
+    col = lambda t: t.to(torch.int64)[:, None]  # noqa: E731
+    c0 = index.to(torch.int64) >> 2
+    c1 = col(position) & _MASK32
+    c2 = col(offsets) & _MASK32
+    purpose = col(purpose) if isinstance(purpose, torch.Tensor) else purpose
+    c3 = ((((col(offsets) >> 32) & _MASK32) << 8) | purpose) & _MASK32
+    k0 = col(seeds) & _MASK32
+    k1 = (col(seeds) >> 32) & _MASK32
+    for _ in range(10):
+        p0 = c0 * 0xD2511F53
+        p1 = c2 * 0xCD9E8D57
+        c0, c1, c2, c3 = ((p1 >> 32) & _MASK32) ^ c1 ^ k0, p1 & _MASK32, ((p0 >> 32) & _MASK32) ^ c3 ^ k1, p0 & _MASK32
+        k0 = (k0 + 0x9E3779B9) & _MASK32
+        k1 = (k1 + 0xBB67AE85) & _MASK32
+    words = torch.stack(torch.broadcast_tensors(c0, c1, c2, c3), dim=-1)
+    word = (index.to(torch.int64) & 3).expand(words.shape[:-1]).unsqueeze(-1)
+    bits = torch.gather(words, -1, word).squeeze(-1)
+    return (((bits >> 9) << 1) | 1).to(torch.float32) * 2.0**-24
+
+
+def _ordered(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys with the order of the float32 values `x` (-0.0 taken as +0.0; no NaN expected)."""
+    bits = (x + 0.0).view(torch.int32).to(torch.int64)
+    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+def _unordered(key: torch.Tensor) -> torch.Tensor:
+    bits = torch.where(key >= 0, key, key ^ 0x7FFFFFFF)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def _pack(value_key: torch.Tensor, global_index: torch.Tensor) -> torch.Tensor:
+    """(value key in int32 range, global index) -> int64 whose MAX is the largest value, then the smallest index."""
+    return (value_key << 32) | (_MASK32 - global_index)
+
+
+def _unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return packed >> 32, _MASK32 - (packed & _MASK32)
+
+
+def _local_argmax(values: torch.Tensor, value_key: torch.Tensor | None, vocab_start: int) -> torch.Tensor:
+    """Packed (value, global index) of each row's maximum (first index on ties); int64 min for an empty shard."""
+    if values.shape[-1] == 0:
+        return torch.full(values.shape[:-1], torch.iinfo(torch.int64).min, dtype=torch.int64, device=values.device)
+    best, idx = values.max(dim=-1)
+    key = _ordered(best) if value_key is None else value_key(best)
+    return _pack(key, idx + vocab_start)
+
+
+def _radix_threshold(comm: _Comm, keys: torch.Tensor, weight: torch.Tensor, target: torch.Tensor | None,
+                     reduce_sum, top_fraction: torch.Tensor | None = None) -> torch.Tensor:
+    """Key of the largest present value t with sum(weight over keys >= t) >= target, per row.
+
+    keys int64 [R, V_local] in [0, 2^31); weight [R, V_local] non-negative (ones for
+    top-k counts, kept mass for top-p); reduce_sum combines the [R, 256] histograms
+    across ranks. With `top_fraction` the target is top_fraction * (total weight),
+    the total read from the first round's histogram.
+    """
+    rows = keys.shape[0]
+    prefix = torch.zeros(rows, dtype=torch.int64, device=keys.device)
+    above = torch.zeros(rows, dtype=weight.dtype, device=keys.device)
+    for shift in _SHIFTS:
+        digit = (keys >> shift) & (_NUM_DIGITS - 1)
+        match = (keys >> (shift + _DIGIT_BITS)) == prefix[:, None]
+        hist = torch.zeros(rows, _NUM_DIGITS, dtype=weight.dtype, device=keys.device)
+        hist.scatter_add_(1, digit, torch.where(match, weight, torch.zeros((), dtype=weight.dtype,
+                                                                           device=keys.device)))
+        hist = reduce_sum(hist)
+        if top_fraction is not None and shift == _SHIFTS[0]:
+            target = top_fraction * hist.sum(dim=-1)
+        suffix = hist.flip(-1).cumsum(-1).flip(-1)  # suffix[d] = weight of digits >= d
+        reached = (above[:, None] + suffix) >= target[:, None]
+        d = (reached.sum(dim=-1) - 1).clamp(min=0)
+        suffix = torch.cat([suffix, torch.zeros(rows, 1, dtype=suffix.dtype, device=keys.device)], dim=1)
+        above = above + suffix.gather(1, (d + 1)[:, None]).squeeze(1)
+        prefix = (prefix << _DIGIT_BITS) | d
+    return prefix
+
+
+class _Rows:
+    """Per-row processed distributions of this rank's shard (§5.7 steps 1-4), without the normalization.
+
+    e [R, V_local] float32: exp(l / T - max) on kept entries, 0 elsewhere; z [R]: the
+    global sum of e (rank-order sums); scaled [R, V_local]: l / T with NaN as -inf;
+    top [R]: the global max of scaled; argmax [R]: its first global index.
+    """
+
+    def __init__(self, comm: _Comm, logits: torch.Tensor, row_request: torch.Tensor, vocab_start: int,
+                 vocab_size: int, temperature, greedy, top_k, top_p, min_p):
+        x = logits.float()
+        x = torch.where(torch.isnan(x), torch.full((), float("-inf"), device=x.device), x)
+        row_greedy = greedy[row_request]
+        if temperature is not None:
+            row_temp = torch.where(row_greedy, torch.ones((), device=x.device), temperature[row_request])
+            x = x / row_temp[:, None]
+        self.scaled = x
+        packed = comm.all_reduce(_local_argmax(x, None, vocab_start), dist.ReduceOp.MAX)
+        top_key, self.argmax = _unpack(packed)
+        self.top = _unordered(top_key)
+        finite = torch.isfinite(self.top)
+        shifted = x - torch.where(finite, self.top, torch.zeros((), device=x.device))[:, None]
+        e = torch.where(finite[:, None], torch.exp(shifted), torch.zeros((), device=x.device))
+        e = torch.where(torch.isnan(e), torch.zeros((), device=x.device), e)
+        keys = e.view(torch.int32).to(torch.int64)
+        if top_k is not None:
+            k = top_k[row_request].to(torch.int64)
+            active = (k > 0) & (k < vocab_size) & ~row_greedy
+            counts = lambda h: comm.all_reduce(h, dist.ReduceOp.SUM)  # noqa: E731
+            t_key = _radix_threshold(comm, keys, torch.ones_like(keys, dtype=torch.int32),
+                                     torch.where(active, k, 0).to(torch.int32), counts)
+            e = torch.where(active[:, None] & (keys < t_key[:, None]), torch.zeros((), device=x.device), e)
+        if top_p is not None:
+            p = top_p[row_request].float()
+            active = (p < 1) & ~row_greedy
+            t_key = _radix_threshold(comm, keys, e, None, comm.sum_float,
+                                     top_fraction=torch.where(active, p, torch.zeros((), device=x.device)))
+            e = torch.where(active[:, None] & (keys < t_key[:, None]), torch.zeros((), device=x.device), e)
+        if min_p is not None:
+            mp = min_p[row_request].float()
+            active = (mp > 0) & ~row_greedy
+            # The kept maximum of e is exactly exp(0) = 1: keep e_i >= min_p * max(e).
+            e = torch.where(active[:, None] & (e < mp[:, None]), torch.zeros((), device=x.device), e)
+        self.e = e
+        self.z = comm.sum_float(e.sum(dim=-1))
+
+    def probs(self, rows: torch.Tensor) -> torch.Tensor:
+        """Processed probabilities [len(rows), V_local] of the given rows (0 for a row without mass)."""
+        z = self.z[rows]
+        return torch.where((z > 0)[:, None], self.e[rows] / torch.where(z > 0, z, 1.0)[:, None],
+                           torch.zeros((), device=self.e.device))
+
+    def prob_at(self, rows: torch.Tensor, local_index: torch.Tensor) -> torch.Tensor:
+        """Processed probability of one local entry per row."""
+        z = self.z[rows]
+        e = self.e[rows, local_index]
+        return torch.where(z > 0, e / torch.where(z > 0, z, 1.0), torch.zeros((), device=e.device))
+
+    def logprob(self, rows: torch.Tensor, local_index: torch.Tensor) -> torch.Tensor:
+        """log p of one local entry per row: (l/T - max) - log Z on kept entries, -inf elsewhere."""
+        e = self.e[rows, local_index]
+        s = self.scaled[rows, local_index]
+        value = (s - self.top[rows]) - torch.log(self.z[rows])
+        return torch.where(e > 0, value, torch.full((), float("-inf"), device=e.device))
+
+
+# ---------------------------------------------------------------------------------------------- chain verification
+
+
+def _verify_chain(comm: _Comm, rows: _Rows, row_of: torch.Tensor, num_draft: torch.Tensor, drafts: torch.Tensor,
+                  draft_probs: torch.Tensor | None, draft_row_of: torch.Tensor, greedy: torch.Tensor,
+                  seeds: torch.Tensor, offsets: torch.Tensor, vocab_start: int, return_logprobs: bool):
+    """§5.2 on the processed rows: (token_ids [B, K+1], num_accepted [B], logprobs or None).
+
+    row_of [B, K+1]: the logits row of (request, position), draft_row_of [B, K] the
+    draft_probs row; positions beyond n_b hold any valid row (they are masked).
+    """
+    batch, k_plus_1 = row_of.shape
+    max_draft = k_plus_1 - 1
+    device = row_of.device
+    local = rows.e.shape[-1]
+    positions = torch.arange(k_plus_1, device=device)
+
+    # Acceptance of every draft slot, decided by the rank owning the draft token.
+    flat_rows = row_of[:, :max_draft].reshape(-1)
+    x = drafts.reshape(-1)
+    x_local = x - vocab_start
+    owned = (x_local >= 0) & (x_local < local)
+    safe_local = torch.where(owned, x_local, 0)
+    if local and x.numel():
+        p_x = rows.prob_at(flat_rows, safe_local)
+    else:
+        p_x = torch.zeros_like(x, dtype=torch.float32)
+    if draft_probs is not None and local and x.numel():
+        q_x = draft_probs[draft_row_of.reshape(-1), safe_local].float()
+        q_x = torch.where(q_x > 0, q_x, torch.zeros((), device=device))
+    else:
+        q_x = torch.ones_like(p_x)
+    slot = positions[:max_draft].expand(batch, -1).reshape(-1)
+    u = _philox_uniform(seeds.repeat_interleave(max_draft), offsets.repeat_interleave(max_draft), slot,
+                        _PURPOSE_ACCEPT, torch.zeros(1, dtype=torch.int64, device=device)).squeeze(1)
+    accept_here = owned & (u * q_x < p_x)
+    decided = torch.stack([accept_here.float(), torch.zeros_like(p_x)], dim=-1)
+    if return_logprobs and local and x.numel():
+        decided[:, 1] = torch.where(owned, rows.logprob(flat_rows, safe_local), torch.zeros((), device=device))
+    decided = comm.all_reduce(decided, dist.ReduceOp.SUM).view(batch, max_draft, 2)
+    sampled_accept = decided[..., 0] > 0
+    greedy_accept = drafts == rows.argmax[row_of[:, :max_draft]]
+    accept = torch.where(greedy[:, None], greedy_accept, sampled_accept)
+    accept = accept & (positions[None, :max_draft] < num_draft[:, None])
+    num_accepted = accept.to(torch.int32).cumprod(dim=1).sum(dim=1, dtype=torch.int32) if max_draft else \
+        torch.zeros(batch, dtype=torch.int32, device=device)
+    rejected = num_accepted < num_draft
+
+    # The final token: an exponential race over this rank's shard of the residual (after a
+    # rejection) and of p (the fallback when the residual has no mass; the bonus row).
+    final_pos = num_accepted.to(torch.int64)
+    final_row = row_of.gather(1, final_pos[:, None]).squeeze(1)
+    local_ids = torch.arange(local, device=device)
+    p = rows.probs(final_row)
+    if max_draft:
+        x_final = drafts.gather(1, final_pos.clamp(max=max_draft - 1)[:, None]).squeeze(1)
+    else:
+        x_final = torch.full((batch,), -1, dtype=torch.int64, device=device)
+    if draft_probs is not None:
+        q_row = draft_row_of.gather(1, final_pos.clamp(max=max(max_draft - 1, 0))[:, None]).squeeze(1) if \
+            max_draft else torch.zeros(batch, dtype=torch.int64, device=device)
+        q = draft_probs[q_row].float() if local and max_draft else torch.zeros_like(p)
+        q = torch.where(q > 0, q, torch.zeros((), device=device))
+    else:
+        q = (local_ids[None, :] == (x_final - vocab_start)[:, None]).float()
+    residual = torch.where(rejected[:, None], (p - q).clamp(min=0.0), p)
+    purpose = torch.where(rejected, _PURPOSE_RESIDUAL, _PURPOSE_BONUS)
+    noise = -torch.log(_philox_uniform(seeds, offsets, final_pos, purpose, local_ids + vocab_start))
+    zero = torch.zeros((), device=device)
+    races = torch.stack([torch.where(residual > 0, residual / noise, zero), torch.where(p > 0, p / noise, zero)],
+                        dim=1)  # [B, 2, V_local]
+    keys = torch.empty(batch, 3, dtype=torch.int64, device=device)
+    keys[:, :2] = _local_argmax(races, None, vocab_start)
+    keys[:, 2] = (residual > 0).any(dim=-1).to(torch.int64) if local else 0
+    keys = comm.all_reduce(keys, dist.ReduceOp.MAX)
+    _, residual_winner = _unpack(keys[:, 0])
+    _, p_winner = _unpack(keys[:, 1])
+    sampled_token = torch.where(keys[:, 2] > 0, residual_winner, p_winner)
+    final_token = torch.where(greedy, rows.argmax[final_row], sampled_token)
+
+    token_ids = torch.full((batch, k_plus_1), -1, dtype=torch.int64, device=device)
+    if max_draft:
+        token_ids[:, :max_draft] = torch.where(positions[None, :max_draft] < num_accepted[:, None], drafts, -1)
+    token_ids.scatter_(1, final_pos[:, None], final_token[:, None])
+    logprobs = None
+    if return_logprobs:
+        f_local = final_token - vocab_start
+        f_owned = (f_local >= 0) & (f_local < local)
+        final_lp = torch.zeros(batch, device=device)
+        if local:
+            final_lp = torch.where(f_owned, rows.logprob(final_row, torch.where(f_owned, f_local, 0)), zero)
+        final_lp = comm.all_reduce(final_lp, dist.ReduceOp.SUM)
+        logprobs = torch.full((batch, k_plus_1), float("nan"), device=device)
+        if max_draft:
+            logprobs[:, :max_draft] = torch.where(positions[None, :max_draft] < num_accepted[:, None],
+                                                  decided[..., 1], logprobs[:, :max_draft])
+        logprobs.scatter_(1, final_pos[:, None], final_lp[:, None])
+    return token_ids, num_accepted, logprobs
+
+
+# ---------------------------------------------------------------------------------------------- public API
+
+
+def _sampling_params(batch, device, temperature, top_k, top_p, min_p, ref_name):
+    """Checked per-request parameters (None where not given) and the greedy mask bool [B]."""
+    out = []
+    for t, name, dtypes in ((temperature, "temperature", PROB_DTYPES + (torch.float64,)),
+                            (top_k, "top_k", INDEX_DTYPES), (top_p, "top_p", PROB_DTYPES + (torch.float64,)),
+                            (min_p, "min_p", PROB_DTYPES + (torch.float64,))):
+        if t is not None:
+            check_shape(t, (batch,), name, "[B]")
+            check_dtype(t, dtypes, name)
+            check_device(t, device, name, ref_name)
+            t = t.to(torch.int64) if name == "top_k" else t.float()
+        out.append(t)
+    temperature, top_k, top_p, min_p = out
+    if values_checked_here(device):
+        for t, name, bad, expected in (
+                (temperature, "temperature", lambda v: ~(v >= 0) | torch.isinf(v), "finite and >= 0"),
+                (top_k, "top_k", lambda v: v < 0, ">= 0"),
+                (top_p, "top_p", lambda v: ~((v > 0) & (v <= 1)), "in (0, 1]"),
+                (min_p, "min_p", lambda v: ~((v >= 0) & (v < 1)), "in [0, 1)")):
+            if t is not None:
+                idx = first_bad(bad(t))
+                if idx is not None:
+                    fail(f"{name}[{idx[0]}] = {t[idx].item()} must be {expected}")
+    greedy = (temperature == 0) if temperature is not None else torch.zeros(batch, dtype=torch.bool, device=device)
+    return temperature, greedy, top_k, top_p, min_p
+
+
+def _shared_seeds(comm: _Comm, seeds, offsets, batch, device, ref_name):
+    """(seeds, offsets) int64 [B]; seeds=None draws them on the group's first rank and broadcasts them."""
+    if seeds is None:
+        drawn = torch.randint(0, 2**62, (batch,), dtype=torch.int64).to(device)
+        seeds = comm.all_reduce(torch.where(torch.tensor(comm.rank == 0, device=device), drawn, 0),
+                                dist.ReduceOp.SUM)
+    else:
+        check_shape(seeds, (batch,), "seeds", "[B]")
+        check_dtype(seeds, INDEX_DTYPES, "seeds")
+        check_device(seeds, device, "seeds", ref_name)
+        seeds = seeds.to(torch.int64)
+    if offsets is None:
+        offsets = torch.zeros(batch, dtype=torch.int64, device=device)
+    else:
+        check_shape(offsets, (batch,), "offsets", "[B]")
+        check_dtype(offsets, INDEX_DTYPES, "offsets")
+        check_device(offsets, device, "offsets", ref_name)
+        offsets = offsets.to(torch.int64)
+    return seeds, offsets
+
+
+def _start(local_logits, vocab_start, vocab_size, group, comm_stats, check_shards, shape_info, optional):
+    """Common argument checks and the shard-tiling check; returns the call's _Comm."""
+    check_dtype(local_logits, PROB_DTYPES, "local_logits")
+    for value, name in ((vocab_start, "vocab_start"), (vocab_size, "vocab_size")):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            fail(f"{name} must be a non-negative int, got {value!r}")
+    if vocab_size < 1:
+        fail("vocab_size must be >= 1")
+    comm = _Comm(group, local_logits.device, comm_stats)
+    local = local_logits.shape[-1]
+    if check_shards:
+        flags = sum(1 << i for i, given in enumerate(optional) if given)
+        table = comm.all_gather(torch.tensor([vocab_start, local, vocab_size, *shape_info, flags],
+                                             dtype=torch.int64, device=local_logits.device))
+        _check_tiling(table.cpu(), comm.rank)
+    elif vocab_start + local > vocab_size:
+        fail(f"this rank's shard [{vocab_start}, {vocab_start + local}) exceeds vocab_size = {vocab_size}")
+    return comm
+
+
+def rejection_sample_logits(
+    local_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    vocab_start: int,
+    vocab_size: int,
+    group=None,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    return_logprobs: bool = False,
+    check_shards: bool = True,
+    comm_stats: dict | None = None,
+):
+    """Chain verification from vocab-sharded target logits (DESIGN.md §5.8), padded layout.
+
+    Every rank of `group` calls this with its shard of the logits; every rank
+    returns the same result, which equals ``specdec_ops.rejection_sample_logits``
+    (§5.7) on the concatenated logits for the same seeds (floating-point near-ties
+    aside), for any number of ranks and any tiling.
+
+    Parameters
+    ----------
+    local_logits : float32 | float16 | bfloat16 [B, K+1, V_local]
+        This rank's shard: global ids vocab_start .. vocab_start + V_local - 1. Row k
+        is the target at draft position k; row n_b is the bonus row.
+    draft_token_ids : int32 | int64 [B, K]
+        Global ids, the same on every rank.
+    num_draft_tokens : int32 | int64 [B]
+        n_b in 0..K, the same on every rank.
+    draft_probs : float32 | float16 | bfloat16 [B, K, V_local], optional
+        This rank's shard of the drafter's processed distribution; None means one-hot drafts.
+    vocab_start, vocab_size : int
+        The shards tile [0, vocab_size) in rank order; their sizes may differ (and may be 0).
+    group : torch.distributed process group, optional
+        None means the default group. NCCL for CUDA tensors, gloo for CPU tensors.
+    temperature, top_k, top_p, min_p : [B], optional
+        Per-request sampling parameters as in §5.7 (temperature 0 = greedy: argmax of
+        the raw logits; top_k 0 or >= V, top_p 1, min_p 0 = off), the same on every rank.
+    seeds, offsets : int64 [B], optional
+        §5.1; the noise is keyed by the global vocabulary index. seeds=None draws
+        seeds on the group's first rank and broadcasts them.
+    return_logprobs : bool
+        Also return the log-probability of each emitted token (NaN padding).
+    check_shards : bool
+        All-gather (vocab_start, V_local, vocab_size, shapes, which optional arguments
+        are given) and raise on every rank when they do not tile [0, vocab_size) or
+        disagree: a mismatch then never hangs a later collective. On CUDA this reads
+        7 numbers on the host (one sync): check once with :func:`check_vocab_shards`
+        and pass False for a host-sync-free step (CUDA graphs).
+    comm_stats : dict, optional
+        Accumulates ``collectives`` and ``bytes_sent`` (this rank, ring algorithms).
+
+    Returns
+    -------
+    (token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None)
+        The same on every rank, as in §5.7.
+
+    Collectives: about 6 (no filters) to 15 (top-k, top-p and min-p) of
+    O(B * (K+1)) numbers, 256 per row for the radix rounds of top-k / top-p.
+
+    Example
+    -------
+    >>> # on each of 2 ranks, V = 1000 split as [0, 600) and [600, 1000):
+    >>> out = rejection_sample_logits(logits_shard, drafts, n, vocab_start=0 if rank == 0 else 600,
+    ...                               vocab_size=1000, temperature=t, top_p=p, seeds=s)
+    """
+    check_rank(local_logits, 3, "local_logits", "[B, K+1, V_local]")
+    batch, k_plus_1, local = local_logits.shape
+    if k_plus_1 < 1:
+        fail(f"local_logits must have K+1 >= 1 rows per request, got shape {list(local_logits.shape)}")
+    device = local_logits.device
+    max_draft = k_plus_1 - 1
+    check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
+    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
+    check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
+    check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
+    check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
+    check_device(num_draft_tokens, device, "num_draft_tokens", "local_logits")
+    if draft_probs is not None:
+        check_shape(draft_probs, (batch, max_draft, local), "draft_probs", "[B, K, V_local]")
+        check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
+        check_device(draft_probs, device, "draft_probs", "local_logits")
+    optional = (draft_probs is not None, temperature is not None, top_k is not None, top_p is not None,
+                min_p is not None, seeds is not None, bool(return_logprobs))
+    comm = _start(local_logits, vocab_start, vocab_size, group, comm_stats, check_shards, (batch, k_plus_1),
+                  optional)
+    temperature, greedy, top_k, top_p, min_p = _sampling_params(batch, device, temperature, top_k, top_p, min_p,
+                                                                "local_logits")
+    num_draft = num_draft_tokens.to(torch.int64)
+    drafts = draft_token_ids.to(torch.int64)
+    if values_checked_here(device):
+        bad = first_bad((num_draft < 0) | (num_draft > max_draft))
+        if bad is not None:
+            fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft[bad])} is outside [0, K = {max_draft}]")
+        used = torch.arange(max_draft, device=device)[None, :] < num_draft[:, None]
+        bad = first_bad(used & ((drafts < 0) | (drafts >= vocab_size)))
+        if bad is not None:
+            fail(f"draft_token_ids{list(bad)} = {int(drafts[bad])} is outside the vocabulary [0, {vocab_size})")
+    num_draft = num_draft.clamp(0, max_draft)
+    seeds, offsets = _shared_seeds(comm, seeds, offsets, batch, device, "local_logits")
+    flat = local_logits.reshape(batch * k_plus_1, local)
+    row_request = torch.arange(batch, device=device).repeat_interleave(k_plus_1)
+    rows = _Rows(comm, flat, row_request, vocab_start, vocab_size, temperature, greedy, top_k, top_p, min_p)
+    row_of = torch.arange(batch * k_plus_1, device=device).view(batch, k_plus_1)
+    draft_row_of = torch.arange(batch * max_draft, device=device).view(batch, max_draft)
+    flat_q = None if draft_probs is None else draft_probs.reshape(batch * max_draft, local)
+    return _LogitsOutput(*_verify_chain(comm, rows, row_of, num_draft, drafts, flat_q, draft_row_of, greedy, seeds,
+                                        offsets, vocab_start, bool(return_logprobs)))
+
+
+def rejection_sample_logits_packed(
+    local_logits: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    vocab_start: int,
+    vocab_size: int,
+    group=None,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    return_logprobs: bool = False,
+    max_num_draft_tokens: int | None = None,
+    check_shards: bool = True,
+    comm_stats: dict | None = None,
+):
+    """Chain verification from vocab-sharded target logits (DESIGN.md §5.8), packed layout.
+
+    As :func:`rejection_sample_logits` with the ragged layout of §5.2's packed op.
+
+    Parameters
+    ----------
+    local_logits : float32 | float16 | bfloat16 [T + B, V_local]
+        Request b owns rows cu[b] + b .. cu[b+1] + b (its n_b drafts, then its bonus row).
+    cu_num_draft_tokens : int32 | int64 [B + 1]
+        Exclusive prefix sums of n_b, starting at 0; the same on every rank.
+    draft_token_ids : int32 | int64 [T]
+        Global ids, the same on every rank.
+    draft_probs : float32 | float16 | bfloat16 [T, V_local], optional
+        This rank's shard of the drafter's processed distribution; None means one-hot.
+    vocab_start, vocab_size, group, temperature, top_k, top_p, min_p, seeds, offsets, return_logprobs,
+    check_shards, comm_stats
+        As in :func:`rejection_sample_logits`.
+    max_num_draft_tokens : int, optional
+        K of the output; None reads the largest n_b on the host (a sync on the GPU).
+
+    Returns
+    -------
+    (token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None)
+        The same on every rank; identical to the padded form for the same requests and seeds.
+    """
+    check_rank(local_logits, 2, "local_logits", "[T + B, V_local]")
+    device = local_logits.device
+    total_rows, local = local_logits.shape
+    check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]")
+    if cu_num_draft_tokens.shape[0] < 1:
+        fail("cu_num_draft_tokens must have shape [B + 1] with B >= 0, got shape [0]")
+    check_dtype(cu_num_draft_tokens, INDEX_DTYPES, "cu_num_draft_tokens")
+    check_device(cu_num_draft_tokens, device, "cu_num_draft_tokens", "local_logits")
+    batch = cu_num_draft_tokens.shape[0] - 1
+    total = total_rows - batch
+    if total < 0:
+        fail(f"local_logits must have T + B rows with B = {batch}, got {total_rows}")
+    check_shape(draft_token_ids, (total,), "draft_token_ids", "[T]")
+    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
+    check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
+    if draft_probs is not None:
+        check_shape(draft_probs, (total, local), "draft_probs", "[T, V_local]")
+        check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
+        check_device(draft_probs, device, "draft_probs", "local_logits")
+    cu = cu_num_draft_tokens.to(torch.int64)
+    if max_num_draft_tokens is None:
+        # Reads the largest n_b on the host: pass max_num_draft_tokens to avoid the sync.
+        max_num_draft_tokens = int((cu[1:] - cu[:-1]).max()) if batch else 0
+    elif not isinstance(max_num_draft_tokens, int) or max_num_draft_tokens < 0:
+        fail(f"max_num_draft_tokens must be a non-negative int, got {max_num_draft_tokens!r}")
+    max_draft = max_num_draft_tokens
+    optional = (draft_probs is not None, temperature is not None, top_k is not None, top_p is not None,
+                min_p is not None, seeds is not None, bool(return_logprobs))
+    comm = _start(local_logits, vocab_start, vocab_size, group, comm_stats, check_shards,
+                  (batch, total_rows, max_draft), optional)
+    temperature, greedy, top_k, top_p, min_p = _sampling_params(batch, device, temperature, top_k, top_p, min_p,
+                                                                "local_logits")
+    drafts_flat = draft_token_ids.to(torch.int64)
+    if values_checked_here(device):
+        if int(cu[0]) != 0:
+            fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
+        bad = first_bad(cu[1:] < cu[:-1])
+        if bad is not None:
+            fail(f"cu_num_draft_tokens must be non-decreasing: element {bad[0] + 1} = {int(cu[bad[0] + 1])} "
+                 f"< {int(cu[bad[0]])}")
+        if int(cu[-1]) != total:
+            fail(f"cu_num_draft_tokens[B] = {int(cu[-1])} must equal the number of draft tokens T = {total}")
+        bad = first_bad(cu[1:] - cu[:-1] > max_draft)
+        if bad is not None:
+            fail(f"n_{bad[0]} = {int(cu[bad[0] + 1] - cu[bad[0]])} exceeds max_num_draft_tokens = {max_draft}")
+        bad = first_bad((drafts_flat < 0) | (drafts_flat >= vocab_size))
+        if bad is not None:
+            fail(f"draft_token_ids[{bad[0]}] = {int(drafts_flat[bad])} is outside the vocabulary [0, {vocab_size})")
+    seeds, offsets = _shared_seeds(comm, seeds, offsets, batch, device, "local_logits")
+    # Padded views of the ragged layout (fixed shapes, no host sync): slot k of request b.
+    num_draft = (cu[1:] - cu[:-1]).clamp(0, max_draft)
+    positions = torch.arange(max_draft + 1, device=device)
+    first_row = cu[:-1] + torch.arange(batch, device=device)
+    row_of = (first_row[:, None] + torch.minimum(positions[None, :], num_draft[:, None])).clamp(0, max(total_rows - 1,
+                                                                                                         0))
+    draft_slot = (cu[:-1, None] + torch.minimum(positions[None, :max_draft], (num_draft[:, None] - 1).clamp(min=0)))
+    draft_slot = draft_slot.clamp(0, max(total - 1, 0))
+    padded_drafts = torch.cat([drafts_flat, torch.full((1,), -1, dtype=torch.int64, device=device)])
+    drafts = torch.where(positions[None, :max_draft] < num_draft[:, None], padded_drafts[draft_slot], -1)
+    ends = cu[1:] + torch.arange(1, batch + 1, device=device)  # exclusive end row of each request
+    row_request = torch.searchsorted(ends, torch.arange(total_rows, device=device), right=True).clamp(max=max(batch - 1,
+                                                                                                             0))
+    if total == 0:
+        draft_probs = None  # no draft slot is used
+    rows = _Rows(comm, local_logits, row_request, vocab_start, vocab_size, temperature, greedy, top_k, top_p, min_p)
+    return _LogitsOutput(*_verify_chain(comm, rows, row_of, num_draft, drafts, draft_probs, draft_slot, greedy,
+                                        seeds, offsets, vocab_start, bool(return_logprobs)))
