@@ -50,6 +50,8 @@ from ._backend import values_checked_here
 __all__ = ["rejection_sample_logits", "rejection_sample_logits_packed", "check_vocab_shards"]
 
 _MASK32 = 0xFFFFFFFF
+# torch 2.14 renames all_gather_into_tensor (still there, deprecated) to all_gather_single.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _PURPOSE_ACCEPT, _PURPOSE_RESIDUAL, _PURPOSE_BONUS = 0, 1, 2  # csrc/common/philox.h
 _DIGIT_BITS = 8
 _NUM_DIGITS = 1 << _DIGIT_BITS
@@ -106,7 +108,7 @@ class _Comm:
             return t.unsqueeze(0)
         out = torch.empty(self.world * t.numel(), dtype=t.dtype, device=t.device)
         self._count((self.world - 1) * t.numel() * t.element_size())
-        dist.all_gather_into_tensor(out, t.reshape(-1), group=self.group)
+        _all_gather_single(out, t.reshape(-1), group=self.group)
         return out.view((self.world,) + tuple(t.shape))
 
     def sum_float(self, t: torch.Tensor) -> torch.Tensor:
@@ -240,7 +242,7 @@ def _local_argmax(values: torch.Tensor, value_key: torch.Tensor | None, vocab_st
     return _pack(key, idx + vocab_start)
 
 
-def _radix_threshold(comm: _Comm, keys: torch.Tensor, weight: torch.Tensor, target: torch.Tensor | None,
+def _radix_threshold(keys: torch.Tensor, weight: torch.Tensor, target: torch.Tensor | None,
                      reduce_sum, top_fraction: torch.Tensor | None = None) -> torch.Tensor:
     """Key of the largest present value t with sum(weight over keys >= t) >= target, per row.
 
@@ -299,13 +301,13 @@ class _Rows:
             k = top_k[row_request].to(torch.int64)
             active = (k > 0) & (k < vocab_size) & ~row_greedy
             counts = lambda h: comm.all_reduce(h, dist.ReduceOp.SUM)  # noqa: E731
-            t_key = _radix_threshold(comm, keys, torch.ones_like(keys, dtype=torch.int32),
+            t_key = _radix_threshold(keys, torch.ones_like(keys, dtype=torch.int32),
                                      torch.where(active, k, 0).to(torch.int32), counts)
             e = torch.where(active[:, None] & (keys < t_key[:, None]), torch.zeros((), device=x.device), e)
         if top_p is not None:
             p = top_p[row_request].float()
             active = (p < 1) & ~row_greedy
-            t_key = _radix_threshold(comm, keys, e, None, comm.sum_float,
+            t_key = _radix_threshold(keys, e, None, comm.sum_float,
                                      top_fraction=torch.where(active, p, torch.zeros((), device=x.device)))
             e = torch.where(active[:, None] & (keys < t_key[:, None]), torch.zeros((), device=x.device), e)
         if min_p is not None:
