@@ -186,15 +186,15 @@ def _check_tiling(table: torch.Tensor, rank: int) -> None:
 # ---------------------------------------------------------------------------------------------- per-shard math
 
 
-def _philox_uniform(seeds, offsets, position, purpose, index: torch.Tensor) -> torch.Tensor:
-    """§5.1 uniforms [B, L] for global vocab ids `index` [B, L] (or [L]): request b's numbers.
+def _philox_blocks(seeds, offsets, position, purpose, group: torch.Tensor) -> torch.Tensor:
+    """§5.1 Philox blocks [B, G, 4] (uint32 words in int64) for the blocks `group` [G] of 4 vocab ids.
 
     Philox4x32-10 on int64 tensors holding uint32 words (the 64-bit product of two
     uint32 words is exact modulo 2^64, and its halves are read back with masks).
     `position` is an int64 [B] tensor, `purpose` an int or an int64 [B] tensor.
     """
     col = lambda t: t.to(torch.int64)[:, None]  # noqa: E731
-    c0 = index.to(torch.int64) >> 2
+    c0 = group.to(torch.int64)[None, :]
     c1 = col(position) & _MASK32
     c2 = col(offsets) & _MASK32
     purpose = col(purpose) if isinstance(purpose, torch.Tensor) else purpose
@@ -207,10 +207,29 @@ def _philox_uniform(seeds, offsets, position, purpose, index: torch.Tensor) -> t
         c0, c1, c2, c3 = ((p1 >> 32) & _MASK32) ^ c1 ^ k0, p1 & _MASK32, ((p0 >> 32) & _MASK32) ^ c3 ^ k1, p0 & _MASK32
         k0 = (k0 + 0x9E3779B9) & _MASK32
         k1 = (k1 + 0xBB67AE85) & _MASK32
-    words = torch.stack(torch.broadcast_tensors(c0, c1, c2, c3), dim=-1)
-    word = (index.to(torch.int64) & 3).expand(words.shape[:-1]).unsqueeze(-1)
-    bits = torch.gather(words, -1, word).squeeze(-1)
+    return torch.stack(torch.broadcast_tensors(c0, c1, c2, c3), dim=-1)
+
+
+def _bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """float32 uniform strictly inside (0, 1): (2k + 1) / 2^24, k the top 23 bits (csrc/common/philox.h)."""
     return (((bits >> 9) << 1) | 1).to(torch.float32) * 2.0**-24
+
+
+def _philox_uniform(seeds, offsets, position, purpose, index: torch.Tensor) -> torch.Tensor:
+    """§5.1 uniforms [B, L] of request b for the global vocab ids `index` [L]."""
+    index = index.to(torch.int64)
+    words = _philox_blocks(seeds, offsets, position, purpose, index >> 2)
+    word = (index & 3).expand(words.shape[:-1]).unsqueeze(-1)
+    return _bits_to_uniform(torch.gather(words, -1, word).squeeze(-1))
+
+
+def _philox_uniform_span(seeds, offsets, position, purpose, start: int, length: int, device) -> torch.Tensor:
+    """§5.1 uniforms [B, length] of request b for the global ids start .. start + length - 1 (each
+    Philox block computed once, also for a span that does not start at a multiple of 4)."""
+    first, last = start >> 2, (start + length + 3) >> 2
+    words = _philox_blocks(seeds, offsets, position, purpose, torch.arange(first, last, device=device))
+    flat = words.reshape(words.shape[0], -1)
+    return _bits_to_uniform(flat[:, start - 4 * first: start - 4 * first + length])
 
 
 def _ordered(x: torch.Tensor) -> torch.Tensor:
@@ -246,29 +265,49 @@ def _radix_threshold(keys: torch.Tensor, weight: torch.Tensor, target: torch.Ten
                      reduce_sum, top_fraction: torch.Tensor | None = None) -> torch.Tensor:
     """Key of the largest present value t with sum(weight over keys >= t) >= target, per row.
 
-    keys int64 [R, V_local] in [0, 2^31); weight [R, V_local] non-negative (ones for
-    top-k counts, kept mass for top-p); reduce_sum combines the [R, 256] histograms
-    across ranks. With `top_fraction` the target is top_fraction * (total weight),
-    the total read from the first round's histogram.
+    keys int32 [R, V_local], non-negative (the bits of non-negative float32 values);
+    weight [R, V_local] non-negative (int32 ones for top-k counts, kept mass for
+    top-p); reduce_sum combines the [R, 256] histograms across ranks. With
+    `top_fraction` the target is top_fraction * (total weight), the total read from
+    the first round's histogram. Four rounds of 8-bit digits, most significant first;
+    after each only the entries in the chosen digit's bucket stay (on CPU they are
+    compacted after the first round: the histograms, hence the result, are the same).
+    Returns int64 [R].
     """
     rows = keys.shape[0]
-    prefix = torch.zeros(rows, dtype=torch.int64, device=keys.device)
-    above = torch.zeros(rows, dtype=weight.dtype, device=keys.device)
+    device = keys.device
+    prefix = torch.zeros(rows, dtype=torch.int64, device=device)
+    above = torch.zeros(rows, dtype=weight.dtype, device=device)
+    zero = torch.zeros((), dtype=weight.dtype, device=device)
+    row_id = None  # set once compacted: entries are then 1-D (row_id, keys, weight)
     for shift in _SHIFTS:
-        digit = (keys >> shift) & (_NUM_DIGITS - 1)
-        match = (keys >> (shift + _DIGIT_BITS)) == prefix[:, None]
-        hist = torch.zeros(rows, _NUM_DIGITS, dtype=weight.dtype, device=keys.device)
-        hist.scatter_add_(1, digit, torch.where(match, weight, torch.zeros((), dtype=weight.dtype,
-                                                                           device=keys.device)))
+        digit = ((keys >> shift) & (_NUM_DIGITS - 1)).to(torch.int64)
+        hist = torch.zeros(rows, _NUM_DIGITS, dtype=weight.dtype, device=device)
+        if row_id is None:
+            hist.scatter_add_(1, digit, weight)
+        else:
+            hist.view(-1).index_add_(0, row_id * _NUM_DIGITS + digit, weight)
         hist = reduce_sum(hist)
         if top_fraction is not None and shift == _SHIFTS[0]:
             target = top_fraction * hist.sum(dim=-1)
         suffix = hist.flip(-1).cumsum(-1).flip(-1)  # suffix[d] = weight of digits >= d
         reached = (above[:, None] + suffix) >= target[:, None]
         d = (reached.sum(dim=-1) - 1).clamp(min=0)
-        suffix = torch.cat([suffix, torch.zeros(rows, 1, dtype=suffix.dtype, device=keys.device)], dim=1)
+        suffix = torch.cat([suffix, torch.zeros(rows, 1, dtype=suffix.dtype, device=device)], dim=1)
         above = above + suffix.gather(1, (d + 1)[:, None]).squeeze(1)
         prefix = (prefix << _DIGIT_BITS) | d
+        if shift == _SHIFTS[-1]:
+            break
+        if row_id is None:
+            in_bucket = digit == d[:, None]
+            if device.type == "cpu":  # compaction reads its size on the host: CPU only
+                row_id, col = (in_bucket & (weight != 0)).nonzero(as_tuple=True)
+                keys, weight = keys[row_id, col], weight[row_id, col]
+            else:
+                weight = torch.where(in_bucket, weight, zero)
+        else:
+            in_bucket = digit == d[row_id]
+            row_id, keys, weight = row_id[in_bucket], keys[in_bucket], weight[in_bucket]
     return prefix
 
 
@@ -282,8 +321,8 @@ class _Rows:
 
     def __init__(self, comm: _Comm, logits: torch.Tensor, row_request: torch.Tensor, vocab_start: int,
                  vocab_size: int, temperature, greedy, top_k, top_p, min_p):
-        x = logits.float()
-        x = torch.where(torch.isnan(x), torch.full((), float("-inf"), device=x.device), x)
+        inf = float("inf")
+        x = logits.float().nan_to_num(nan=-inf, posinf=inf, neginf=-inf)
         row_greedy = greedy[row_request]
         if temperature is not None:
             row_temp = torch.where(row_greedy, torch.ones((), device=x.device), temperature[row_request])
@@ -292,18 +331,18 @@ class _Rows:
         packed = comm.all_reduce(_local_argmax(x, None, vocab_start), dist.ReduceOp.MAX)
         top_key, self.argmax = _unpack(packed)
         self.top = _unordered(top_key)
-        finite = torch.isfinite(self.top)
-        shifted = x - torch.where(finite, self.top, torch.zeros((), device=x.device))[:, None]
-        e = torch.where(finite[:, None], torch.exp(shifted), torch.zeros((), device=x.device))
-        e = torch.where(torch.isnan(e), torch.zeros((), device=x.device), e)
-        keys = e.view(torch.int32).to(torch.int64)
+        # A row without a finite logit gets e = exp(-inf - 0) = 0; a +inf logit gives exp(inf - inf) = NaN
+        # there (0 below) and 0 elsewhere: both rows have no mass, like softmax's NaN row.
+        e = torch.exp(x - torch.where(self.top == -inf, 0.0, self.top)[:, None]).nan_to_num_(nan=0.0)
+        keys = e.view(torch.int32)
         if top_k is not None:
             k = top_k[row_request].to(torch.int64)
             active = (k > 0) & (k < vocab_size) & ~row_greedy
             counts = lambda h: comm.all_reduce(h, dist.ReduceOp.SUM)  # noqa: E731
-            t_key = _radix_threshold(keys, torch.ones_like(keys, dtype=torch.int32),
+            t_key = _radix_threshold(keys, torch.ones((), dtype=torch.int32, device=x.device).expand_as(keys),
                                      torch.where(active, k, 0).to(torch.int32), counts)
             e = torch.where(active[:, None] & (keys < t_key[:, None]), torch.zeros((), device=x.device), e)
+            keys = e.view(torch.int32)
         if top_p is not None:
             p = top_p[row_request].float()
             active = (p < 1) & ~row_greedy
@@ -372,7 +411,7 @@ def _verify_chain(comm: _Comm, rows: _Rows, row_of: torch.Tensor, num_draft: tor
         q_x = torch.ones_like(p_x)
     slot = positions[:max_draft].expand(batch, -1).reshape(-1)
     u = _philox_uniform(seeds.repeat_interleave(max_draft), offsets.repeat_interleave(max_draft), slot,
-                        _PURPOSE_ACCEPT, torch.zeros(1, dtype=torch.int64, device=device)).squeeze(1)
+                        _PURPOSE_ACCEPT, torch.zeros(1, dtype=torch.int64, device=device))[:, 0]
     accept_here = owned & (u * q_x < p_x)
     decided = torch.stack([accept_here.float(), torch.zeros_like(p_x)], dim=-1)
     if return_logprobs and local and x.numel():
@@ -405,7 +444,7 @@ def _verify_chain(comm: _Comm, rows: _Rows, row_of: torch.Tensor, num_draft: tor
         q = (local_ids[None, :] == (x_final - vocab_start)[:, None]).float()
     residual = torch.where(rejected[:, None], (p - q).clamp(min=0.0), p)
     purpose = torch.where(rejected, _PURPOSE_RESIDUAL, _PURPOSE_BONUS)
-    noise = -torch.log(_philox_uniform(seeds, offsets, final_pos, purpose, local_ids + vocab_start))
+    noise = -torch.log(_philox_uniform_span(seeds, offsets, final_pos, purpose, vocab_start, local, device))
     zero = torch.zeros((), device=device)
     races = torch.stack([torch.where(residual > 0, residual / noise, zero), torch.where(p > 0, p / noise, zero)],
                         dim=1)  # [B, 2, V_local]

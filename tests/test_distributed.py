@@ -284,6 +284,10 @@ def test_philox_keyed_by_global_index_matches_reference():
         expected = reference.philox_uniform_rows(seeds, offsets, position, purpose, index)
         got = distributed._philox_uniform(seeds, offsets, position, purpose, index)
         assert torch.equal(got, expected)
+    for start, length in ((13, 58), (0, 4), (6, 1), (9, 0)):
+        got = distributed._philox_uniform_span(seeds, offsets, position, 1, start, length, "cpu")
+        assert torch.equal(got, reference.philox_uniform_rows(seeds, offsets, position, 1,
+                                                              torch.arange(start, start + length)))
     purposes = torch.tensor([0, 1, 2, 1, 0])
     got = distributed._philox_uniform(seeds, offsets, position, purposes, index)
     for b in range(5):
@@ -297,7 +301,7 @@ def test_radix_select_finds_kth_largest_and_top_p_threshold():
     e = torch.rand(7, 300, generator=g) ** 3
     e[0, :50] = e[0, 0]  # a tie group
     e[1] = 0.0
-    keys = e.view(torch.int32).to(torch.int64)
+    keys = e.view(torch.int32)
     k = torch.tensor([1, 5, 17, 50, 299, 300, 3])
     t = distributed._radix_threshold(keys, torch.ones_like(keys, dtype=torch.int32), k.to(torch.int32),
                                      lambda h: h)
