@@ -29,6 +29,9 @@ from .tree import TreeInfo, build_tree, parents_to_paths, paths_to_parents, topk
 from .attention import tree_attention, tree_attention_bias
 from .tree_verify import tree_rejection_sample
 from .types import SampleOutput, TreeSampleOutput
+from .logits import (process_logits, rejection_sample_logits, rejection_sample_logits_packed,  # noqa: E402
+                     tree_rejection_sample_logits)
+from .types import LogitsSampleOutput, LogitsTreeSampleOutput  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -39,6 +42,8 @@ __all__ = [
     "build_tree", "tree_attention_bias", "tree_attention", "merge_attention_states",
     "paths_to_parents", "parents_to_paths", "topk_grid_to_parents",
     "kv_commit", "kv_rollback", "register_hf_attention",
+    "LogitsSampleOutput", "LogitsTreeSampleOutput", "process_logits", "rejection_sample_logits",
+    "rejection_sample_logits_packed", "tree_rejection_sample_logits",
 ]
 
 

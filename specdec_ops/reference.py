@@ -463,3 +463,164 @@ def kv_commit(caches, seq_lens, accepted_path, *, block_table=None) -> None:
                 gathered = cache[b, torch.tensor(src, dtype=torch.int64, device=cache.device)].clone()
                 cache[b, torch.tensor(dst, dtype=torch.int64, device=cache.device)] = gathered
         seq_lens[b] += m
+
+
+# ---------------------------------------------------------------------------------------------- logits (§5.7)
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def sanitize_logits(logits: torch.Tensor) -> torch.Tensor:
+    """float32 logits as every backend reads them: NaN -> -inf, +inf -> the largest finite float32."""
+    return torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=FLOAT32_MAX, neginf=float("-inf"))
+
+
+def order_keys(z: torch.Tensor) -> torch.Tensor:
+    """Order-preserving int64 keys (uint32 values) of float32 values (csrc/logits/logits_math.h)."""
+    bits = z.contiguous().view(torch.int32).to(torch.int64) & _MASK32
+    bits = torch.where(bits == 0x80000000, torch.zeros((), dtype=torch.int64), bits)  # -0.0 -> +0.0
+    return torch.where(bits >= 0x80000000, bits ^ _MASK32, bits | 0x80000000)
+
+
+def process_row(row: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float):
+    """(probs float32 [V], logprobs float32 [V]) of one row of logits (DESIGN.md §5.7).
+
+    The arithmetic every backend follows (csrc/logits/logits_math.h), on z = (x - max x) / T
+    with x the sanitized logits (so max z = 0 and the filters are thresholds on z):
+      top-k keeps z_i >= the k-th largest z (ties kept); top-p keeps z_i >= t, t the largest
+      value of z among the top-k survivors whose mass sum_{z_j >= t} e^z_j is >= top_p times
+      theirs; min-p keeps z_i >= log(min_p) (p_i >= min_p * max p). The kept set is
+      {z_i >= tau}, tau the largest of the three thresholds; p_i = e^z_i / S with S the kept
+      mass, log p_i = z_i - log S. Greedy rows (T = 0): one-hot at the first argmax of x and
+      log_softmax(x). A row without a finite logit has no mass: zeros and -inf.
+    Sums in float64 (the kernels sum in float32 or float64: equal up to rounding near-ties).
+    """
+    x = sanitize_logits(row)
+    vocab = x.shape[-1]
+    m = x.max()
+    if not bool(m > float("-inf")):
+        return torch.zeros(vocab), torch.full((vocab,), float("-inf"))
+    if temperature == 0:
+        probs = torch.zeros(vocab)
+        probs[int(torch.argmax(x))] = 1.0  # torch.argmax returns the first maximal index
+        return probs, torch.log_softmax(x.double(), -1).float()
+    z = (x - m) / torch.tensor(temperature, dtype=torch.float32)
+    e = torch.exp(z)
+    keys = order_keys(z)
+    tau = torch.zeros((), dtype=torch.int64)  # the smallest key: keeps everything
+    if 0 < top_k < vocab:
+        tau = torch.maximum(tau, torch.topk(keys, top_k).values[-1])
+    if top_p < 1:
+        kept = keys >= tau
+        sorted_keys, order = torch.sort(keys[kept], descending=True)
+        cum = torch.cumsum(e[kept][order].double(), 0)
+        target = top_p * float(cum[-1])
+        # mass of {key >= v} for each v: the cumulative sum at the last entry holding v
+        last = torch.ones_like(sorted_keys, dtype=torch.bool)
+        last[:-1] = sorted_keys[:-1] != sorted_keys[1:]
+        reach = last & (cum >= target)
+        tau_p = sorted_keys[reach][0] if bool(reach.any()) else sorted_keys[-1]
+        tau = torch.maximum(tau, tau_p)
+    if min_p > 0:
+        tau = torch.maximum(tau, order_keys(torch.log(torch.tensor([min_p], dtype=torch.float32)))[0])
+    kept = keys >= tau
+    total = float(torch.where(kept, e.double(), 0.0).sum())
+    probs = torch.where(kept, e / torch.tensor(total, dtype=torch.float32), torch.zeros(()))
+    logprobs = torch.where(kept, z - torch.log(torch.tensor(total, dtype=torch.float32)), float("-inf"))
+    return probs, logprobs
+
+
+def _param(values, r: int, default):
+    return default if values is None else values[r].item()
+
+
+def process_logits(logits, temperature=None, top_k=None, top_p=None, min_p=None, *, return_logprobs=False):
+    """float32 probabilities of the processed distribution of every row (DESIGN.md §5.7).
+
+    logits [R, ..., V]; the parameters are None or tensors [R] (row r's parameters apply to
+    logits[r]). With return_logprobs, (probs, logprobs) with log p (-inf off the kept set).
+    """
+    rows = logits.reshape(logits.shape[0], -1, logits.shape[-1]).cpu()
+    probs = torch.zeros(rows.shape, dtype=torch.float32)
+    logprobs = torch.full(rows.shape, float("-inf"), dtype=torch.float32)
+    for r in range(rows.shape[0]):
+        params = (float(_param(temperature, r, 1.0)), int(_param(top_k, r, 0)), float(_param(top_p, r, 1.0)),
+                  float(_param(min_p, r, 0.0)))
+        for j in range(rows.shape[1]):
+            probs[r, j], logprobs[r, j] = process_row(rows[r, j], *params)
+    probs = probs.reshape(logits.shape).to(logits.device)
+    logprobs = logprobs.reshape(logits.shape).to(logits.device)
+    return (probs, logprobs) if return_logprobs else probs
+
+
+def _expand_rows(param, counts):
+    return None if param is None else torch.repeat_interleave(param.cpu(), counts)
+
+
+def _emitted_logprobs(logprobs_rows, token_ids, row_of_slot):
+    """float32 [B, W]: logprobs_rows[row_of_slot[b, i], token_ids[b, i]], NaN where token_ids is -1."""
+    out = torch.full(token_ids.shape, float("nan"))
+    for b in range(token_ids.shape[0]):
+        for i in range(token_ids.shape[1]):
+            t = int(token_ids[b, i])
+            if t >= 0:
+                out[b, i] = logprobs_rows[row_of_slot(b, i), t]
+    return out
+
+
+def rejection_sample_logits(target_logits, draft_token_ids, num_draft_tokens, draft_probs=None, *, temperature,
+                            top_k, top_p, min_p, seeds, offsets, return_logprobs=False):
+    """§5.7 as its definition: rejection_sample(process_logits(...), greedy=temperature == 0) plus logprobs."""
+    batch, k_plus_1, vocab = target_logits.shape
+    probs, logprobs = process_logits(target_logits, temperature, top_k, top_p, min_p, return_logprobs=True)
+    greedy = None if temperature is None else (temperature.cpu() == 0)
+    out = rejection_sample(probs.cpu(), draft_token_ids.cpu(), num_draft_tokens.cpu(),
+                           None if draft_probs is None else draft_probs.cpu(), seeds=seeds.cpu(),
+                           offsets=offsets.cpu(), greedy=greedy)
+    lp = None
+    if return_logprobs:
+        rows = logprobs.cpu().reshape(batch * k_plus_1, vocab)
+        lp = _emitted_logprobs(rows, out.token_ids, lambda b, i: b * k_plus_1 + i).to(target_logits.device)
+    return out.token_ids.to(target_logits.device), out.num_accepted.to(target_logits.device), lp
+
+
+def rejection_sample_logits_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs=None, *,
+                                   temperature, top_k, top_p, min_p, seeds, offsets, return_logprobs=False,
+                                   max_num_draft_tokens: int):
+    """Packed form of :func:`rejection_sample_logits`: request b owns rows cu[b] + b .. cu[b+1] + b."""
+    cu = cu_num_draft_tokens.cpu().to(torch.int64)
+    counts = cu[1:] - cu[:-1] + 1
+    params = [_expand_rows(t, counts) for t in (temperature, top_k, top_p, min_p)]
+    probs, logprobs = process_logits(target_logits, *params, return_logprobs=True)
+    greedy = None if temperature is None else (temperature.cpu() == 0)
+    out = rejection_sample_packed(probs.cpu(), cu, draft_token_ids.cpu(),
+                                  None if draft_probs is None else draft_probs.cpu(), seeds=seeds.cpu(),
+                                  offsets=offsets.cpu(), greedy=greedy, max_num_draft_tokens=max_num_draft_tokens)
+    lp = None
+    if return_logprobs:
+        lp = _emitted_logprobs(logprobs.cpu(), out.token_ids, lambda b, i: int(cu[b]) + b + i)
+        lp = lp.to(target_logits.device)
+    return out.token_ids.to(target_logits.device), out.num_accepted.to(target_logits.device), lp
+
+
+def tree_rejection_sample_logits(target_logits, tree_token_ids, parents, num_nodes=None, draft_probs=None, *,
+                                 temperature, top_k, top_p, min_p, seeds, offsets, return_logprobs=False):
+    """§5.7 for trees: tree_rejection_sample(process_logits(...), greedy=temperature == 0) plus logprobs.
+
+    The token at slot i of the output is emitted by node accepted_path[b, i] (its child on the
+    path, or the final token drawn at the last node of the path).
+    """
+    batch, nodes, vocab = target_logits.shape
+    probs, logprobs = process_logits(target_logits, temperature, top_k, top_p, min_p, return_logprobs=True)
+    greedy = None if temperature is None else (temperature.cpu() == 0)
+    out = tree_rejection_sample(probs.cpu(), tree_token_ids.cpu(), parents.cpu(),
+                                None if num_nodes is None else num_nodes.cpu(),
+                                None if draft_probs is None else draft_probs.cpu(), seeds=seeds.cpu(),
+                                offsets=offsets.cpu(), greedy=greedy)
+    lp = None
+    if return_logprobs:
+        rows = logprobs.cpu().reshape(batch * nodes, vocab)
+        path = out.accepted_path
+        lp = _emitted_logprobs(rows, out.token_ids, lambda b, i: b * nodes + int(path[b, i])).to(target_logits.device)
+    device = target_logits.device
+    return out.token_ids.to(device), out.accepted_path.to(device), out.num_accepted.to(device), lp

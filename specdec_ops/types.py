@@ -29,3 +29,31 @@ class TreeSampleOutput(NamedTuple):
     token_ids: torch.Tensor
     accepted_path: torch.Tensor
     num_accepted: torch.Tensor
+
+
+class LogitsSampleOutput(NamedTuple):
+    """Result of chain verification from logits (rejection_sample_logits[_packed]).
+
+    token_ids:    int64 [B, K+1]: accepted drafts, then the correction or bonus token, then -1.
+    num_accepted: int32 [B]: accepted drafts; request b emits num_accepted[b] + 1 tokens.
+    logprobs:     float32 [B, K+1] or None: log-probability of each emitted token under the processed
+                  target distribution of the row that emitted it (greedy: log_softmax); NaN at padding.
+    """
+
+    token_ids: torch.Tensor
+    num_accepted: torch.Tensor
+    logprobs: torch.Tensor | None
+
+
+class LogitsTreeSampleOutput(NamedTuple):
+    """Result of tree verification from logits (tree_rejection_sample_logits).
+
+    token_ids, accepted_path, num_accepted: as in TreeSampleOutput.
+    logprobs: float32 [B, N] or None: log-probability of token_ids[b, i] under the processed distribution
+              of node accepted_path[b, i]; NaN at padding.
+    """
+
+    token_ids: torch.Tensor
+    accepted_path: torch.Tensor
+    num_accepted: torch.Tensor
+    logprobs: torch.Tensor | None

@@ -1,0 +1,163 @@
+// Arithmetic of verification from logits (DESIGN.md §5.7) shared by the CPU and CUDA
+// kernels (and re-expressed in triton_kernels/logits.py and reference.py).
+// Plain C++17: no torch headers, compiles under g++ and nvcc.
+//
+// The processed distribution of a row of logits l with temperature T > 0:
+//   x_i = logit_value(l_i)          NaN -> -inf, +inf -> FLT_MAX (ties of +inf share the mass)
+//   m   = max x;  z_i = (x_i - m) / T   so max z = 0 exactly, and every z_i <= 0
+//   e_i = exp(z_i)                  in [0, 1], the largest is 1: no overflow, the sum S >= 1
+// p_i = e_i / S is monotone in z_i, so each filter keeps {z_i >= threshold} and the three
+// compose into one threshold tau on the order-preserving keys of z (order_key):
+//   top-k:  tau_k = key of the k-th largest z (ties kept): a radix select on the keys;
+//   top-p:  tau_p = the largest key v among the top-k survivors with
+//           sum_{key_j >= v} e_j >= top_p * sum_{survivors} e_j: a radix select on mass;
+//   min-p:  p_i >= min_p * max p  <=>  e_i >= min_p  <=>  z_i >= log(min_p) (max e = 1),
+//           whatever top-k/top-p kept (the maximum always survives both).
+// Kept set {key_i >= tau}, tau = max(tau_k, tau_p, tau_min); S = sum of e over it;
+// p_i = e_i / S, log p_i = z_i - log S. Greedy rows (T = 0) use argmax x (first index).
+//
+// Radix select: keys are 32 bits, visited 8 at a time from the top (4 passes). Each
+// pass builds a 256-bin histogram (counts for top-k, counts and mass for top-p) of the
+// candidates sharing the digits chosen so far, then picks the next digit scanning bins
+// from the top (radix_pick_count / radix_pick_mass). No sort, a fixed number of passes.
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "../common/macros.h"
+
+namespace specdec {
+
+constexpr int kRadixBits = 8;
+constexpr int kRadixBins = 1 << kRadixBits;
+constexpr int kRadixPasses = 32 / kRadixBits;
+
+// A logit as every backend reads it: NaN counts as -inf, +inf as the largest float.
+SPECDEC_HD float logit_value(float l) {
+  if (l != l) return -INFINITY;
+  return l > FLT_MAX ? FLT_MAX : l;
+}
+
+// Sanitized sampling parameters of one row (also the GPU's safe behaviour for bad
+// values; the CPU ops raise on them first).
+struct RowSampling {
+  float temperature;  // 0: greedy (also for T <= 0 or NaN); +inf -> FLT_MAX
+  int64_t top_k;      // 0: off (also for k < 0 or k >= V)
+  float top_p;        // 1: off (also for NaN or p > 1); p <= 0 keeps the most likely value only
+  float min_p;        // 0: off (also for NaN or < 0); >= 1 -> 1 keeps the most likely value only
+};
+
+SPECDEC_HD RowSampling row_sampling(const float* temperature, const int64_t* top_k, const float* top_p,
+                                    const float* min_p, int64_t r, int64_t vocab) {
+  RowSampling s;
+  const float t = temperature != nullptr ? temperature[r] : 1.f;
+  s.temperature = t > 0.f ? (t > FLT_MAX ? FLT_MAX : t) : 0.f;
+  const int64_t k = top_k != nullptr ? top_k[r] : 0;
+  s.top_k = k > 0 && k < vocab ? k : 0;
+  const float p = top_p != nullptr ? top_p[r] : 1.f;
+  s.top_p = p < 1.f ? (p > 0.f ? p : 0.f) : 1.f;
+  const float mp = min_p != nullptr ? min_p[r] : 0.f;
+  s.min_p = mp > 0.f ? (mp < 1.f ? mp : 1.f) : 0.f;
+  return s;
+}
+
+SPECDEC_HD bool row_is_greedy(const RowSampling& s) { return s.temperature == 0.f; }
+
+SPECDEC_HD bool row_has_filter(const RowSampling& s) { return s.top_k > 0 || s.top_p < 1.f || s.min_p > 0.f; }
+
+// Scaled logit z = (x - m) / T (x <= m, m finite): <= 0, exactly 0 at the maximum.
+SPECDEC_HD float scaled_logit(float x, float m, float temperature) { return (x - m) / temperature; }
+
+SPECDEC_HD float exp_f(float z) {
+#if defined(__CUDA_ARCH__)
+  return expf(z);
+#else
+  return std::exp(z);
+#endif
+}
+
+SPECDEC_HD float log_f(float z) {
+#if defined(__CUDA_ARCH__)
+  return logf(z);
+#else
+  return std::log(z);
+#endif
+}
+
+// Order-preserving key of a float (no NaN): a < b  <=>  order_key(a) < order_key(b),
+// and -0.0 has the key of +0.0. Non-negative floats set the top bit, negative ones
+// are bit-inverted (larger magnitude -> smaller key).
+SPECDEC_HD uint32_t order_key(float z) {
+  uint32_t bits;
+#if defined(__CUDA_ARCH__)
+  bits = __float_as_uint(z);
+#else
+  std::memcpy(&bits, &z, sizeof bits);
+#endif
+  if (bits == 0x80000000u) bits = 0u;
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// Key of the min-p threshold log(min_p) (min_p in (0, 1]); 0 (keeps all) when off.
+SPECDEC_HD uint32_t min_p_key(float min_p) { return min_p > 0.f ? order_key(log_f(min_p)) : 0u; }
+
+// Digit of a key at radix pass `pass` (0 = the top 8 bits).
+SPECDEC_HD uint32_t radix_digit(uint32_t key, int pass) {
+  return (key >> (32 - kRadixBits * (pass + 1))) & (kRadixBins - 1);
+}
+
+// Whether a key shares the digits chosen before pass `pass` (prefix holds them).
+SPECDEC_HD bool radix_match(uint32_t key, uint32_t prefix, int pass) {
+  if (pass == 0) return true;
+  const int shift = 32 - kRadixBits * pass;
+  return (key >> shift) == (prefix >> shift);
+}
+
+// Top-k step: the digit of the bin holding the `remaining`-th largest candidate,
+// scanning from the top; `remaining` becomes its rank inside that bin. If the
+// candidates are fewer (only on malformed input), the lowest non-empty bin.
+template <typename Count>
+SPECDEC_HD uint32_t radix_pick_count(const Count* counts, int64_t& remaining) {
+  int lowest = -1;
+  for (int d = kRadixBins - 1; d >= 0; --d) {
+    const int64_t c = static_cast<int64_t>(counts[d]);
+    if (c == 0) continue;
+    if (c >= remaining) return static_cast<uint32_t>(d);
+    remaining -= c;
+    lowest = d;
+  }
+  remaining = 1;
+  return static_cast<uint32_t>(lowest < 0 ? 0 : lowest);
+}
+
+// Top-p step: the highest non-empty bin d with above + mass[d] >= target, where
+// `above` is the mass of every candidate with a larger key; `above` grows by the
+// bins skipped. If rounding leaves the target out of reach, the lowest non-empty
+// bin (everything is kept down to it). Non-empty bins count, not mass: entries
+// whose e underflows to 0 still tie with their key.
+template <typename Count, typename Mass>
+SPECDEC_HD uint32_t radix_pick_mass(const Count* counts, const Mass* mass, Mass target, Mass& above) {
+  int lowest = -1;
+  for (int d = kRadixBins - 1; d >= 0; --d) {
+    if (counts[d] == 0) continue;
+    if (above + mass[d] >= target) return static_cast<uint32_t>(d);
+    above += mass[d];
+    lowest = d;
+  }
+  return static_cast<uint32_t>(lowest < 0 ? 0 : lowest);
+}
+
+// One entry of the processed distribution: e / S on the kept set, else 0.
+SPECDEC_HD float processed_prob(float e, uint32_t key, uint32_t tau, float total) {
+  return key >= tau ? e / total : 0.f;
+}
+
+// log p of a kept entry: z - log S; -inf off the kept set.
+SPECDEC_HD float processed_logprob(float z, uint32_t key, uint32_t tau, float log_total) {
+  return key >= tau ? z - log_total : -INFINITY;
+}
+
+}  // namespace specdec

@@ -1,0 +1,307 @@
+// torch glue of specdec::process_logits, specdec::rejection_sample_logits[_packed] and
+// specdec::tree_rejection_sample_logits: argument checks, CPU value checks of the
+// sampling parameters, and dispatch to the CPU kernels (DESIGN.md §5.7). Index values
+// (lengths, draft ids, parents) are checked by the Python wrappers; the kernels clamp
+// them into range, so a direct call with bad values never reads out of bounds.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+#include "../common/torch_checks.h"
+#include "logits_params.h"
+
+namespace specdec {
+namespace {
+
+struct SamplingTensors {
+  at::Tensor temperature, top_k, top_p, min_p;  // undefined: default
+};
+
+void check_param(const std::optional<at::Tensor>& t, at::ScalarType dtype, const char* name, int64_t batch,
+                 const at::Tensor& ref, at::Tensor& out) {
+  if (!t) return;
+  check_rank(*t, 1, name, "[B]");
+  check_size(*t, 0, batch, name, "[B]");
+  TORCH_CHECK(t->scalar_type() == dtype, name, " must be ", dtype, ", got ", t->scalar_type());
+  check_same_device(*t, ref, name, "target_logits");
+  out = t->contiguous();
+}
+
+// CPU only: the documented ranges (the GPU kernels clamp instead, logits_math.h row_sampling).
+void check_param_values_cpu(const SamplingTensors& s, int64_t batch) {
+  for (int64_t b = 0; b < batch; ++b) {
+    if (s.temperature.defined()) {
+      const float t = s.temperature.const_data_ptr<float>()[b];
+      TORCH_CHECK_VALUE(t >= 0.f, "temperature[", b, "] = ", t, " must be >= 0 (0 = greedy) and not NaN");
+    }
+    if (s.top_k.defined()) {
+      const int64_t k = s.top_k.const_data_ptr<int64_t>()[b];
+      TORCH_CHECK_VALUE(k >= 0, "top_k[", b, "] = ", k, " must be >= 0 (0 = off)");
+    }
+    if (s.top_p.defined()) {
+      const float p = s.top_p.const_data_ptr<float>()[b];
+      TORCH_CHECK_VALUE(p > 0.f && p <= 1.f, "top_p[", b, "] = ", p, " must be in (0, 1] (1 = off)");
+    }
+    if (s.min_p.defined()) {
+      const float p = s.min_p.const_data_ptr<float>()[b];
+      TORCH_CHECK_VALUE(p >= 0.f && p < 1.f, "min_p[", b, "] = ", p, " must be in [0, 1) (0 = off)");
+    }
+  }
+}
+
+SamplingTensors check_sampling(const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+                               const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
+                               int64_t batch, const at::Tensor& ref) {
+  SamplingTensors s;
+  check_param(temperature, at::kFloat, "temperature", batch, ref, s.temperature);
+  check_param(top_k, at::kLong, "top_k", batch, ref, s.top_k);
+  check_param(top_p, at::kFloat, "top_p", batch, ref, s.top_p);
+  check_param(min_p, at::kFloat, "min_p", batch, ref, s.min_p);
+  if (ref.is_cpu()) check_param_values_cpu(s, batch);
+  return s;
+}
+
+SamplingParams sampling_view(const SamplingTensors& s) {
+  SamplingParams v;
+  v.temperature = s.temperature.defined() ? s.temperature.const_data_ptr<float>() : nullptr;
+  v.top_k = s.top_k.defined() ? s.top_k.const_data_ptr<int64_t>() : nullptr;
+  v.top_p = s.top_p.defined() ? s.top_p.const_data_ptr<float>() : nullptr;
+  v.min_p = s.min_p.defined() ? s.min_p.const_data_ptr<float>() : nullptr;
+  return v;
+}
+
+void require_cpu(const at::Tensor& t) {
+  TORCH_CHECK(t.is_cpu(), "this specdec_ops build has no CUDA kernel for the logits ops: use backend='triton' ",
+              "for CUDA tensors, got ", t.device());
+}
+
+void check_logits(const at::Tensor& logits, const char* name) {
+  check_prob_dtype(logits, name);
+  TORCH_CHECK(logits.size(-1) > 0, name, " must have a non-empty vocab dimension");
+}
+
+void check_rng(const at::Tensor& seeds, const at::Tensor& offsets, int64_t batch, const at::Tensor& ref) {
+  for (auto [t, name] : {std::pair<const at::Tensor&, const char*>{seeds, "seeds"}, {offsets, "offsets"}}) {
+    check_rank(t, 1, name, "[B]");
+    check_size(t, 0, batch, name, "[B]");
+    TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+    check_same_device(t, ref, name, "target_logits");
+  }
+}
+
+// draft_probs: the logits' dtype or float32 (the kernels read both without a copy).
+at::Tensor check_draft(const std::optional<at::Tensor>& draft_probs, const at::Tensor& logits, bool& draft_float32) {
+  draft_float32 = false;
+  if (!draft_probs) return at::Tensor();
+  TORCH_CHECK(draft_probs->scalar_type() == logits.scalar_type() || draft_probs->scalar_type() == at::kFloat,
+              "draft_probs must be float32 or the dtype of target_logits (", logits.scalar_type(), "), got ",
+              draft_probs->scalar_type());
+  check_same_device(*draft_probs, logits, "draft_probs", "target_logits");
+  draft_float32 = draft_probs->scalar_type() == at::kFloat;
+  return draft_probs->contiguous();
+}
+
+at::Tensor process_logits(const at::Tensor& logits, const std::optional<at::Tensor>& temperature,
+                          const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                          const std::optional<at::Tensor>& min_p) {
+  TORCH_CHECK(logits.dim() >= 2, "logits must be at least 2-D [R, ..., V], got shape ", logits.sizes());
+  check_logits(logits, "logits");
+  require_cpu(logits);
+  const int64_t batch = logits.size(0);
+  const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, logits);
+  const auto x = logits.contiguous();
+  auto probs = at::empty(logits.sizes(), x.options().dtype(at::kFloat));
+  if (x.numel() == 0) return probs;
+  ProcessLogitsParams p;
+  p.logits = x.const_data_ptr();
+  p.dtype = prob_dtype(x);
+  p.vocab = x.size(-1);
+  p.rows = x.numel() / p.vocab;
+  p.inner = p.rows / batch;
+  p.sampling = sampling_view(s);
+  p.probs = probs.mutable_data_ptr<float>();
+  process_logits_cpu(p);
+  return probs;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_chain(
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const at::Tensor& lengths,
+    const std::optional<at::Tensor>& draft_probs, const SamplingTensors& s, const at::Tensor& seeds,
+    const at::Tensor& offsets, bool return_logprobs, int64_t batch, int64_t max_draft, bool packed) {
+  require_cpu(target_logits);
+  const auto target = target_logits.contiguous();
+  const auto ids = draft_token_ids.contiguous().to(at::kLong);
+  const auto lens = lengths.contiguous().to(at::kLong);
+  const auto seeds_c = seeds.contiguous();
+  const auto offsets_c = offsets.contiguous();
+  bool draft_float32;
+  const at::Tensor draft = check_draft(draft_probs, target, draft_float32);
+
+  auto token_ids = at::empty({batch, max_draft + 1}, target.options().dtype(at::kLong));
+  auto num_accepted = at::empty({batch}, target.options().dtype(at::kInt));
+  auto logprobs = return_logprobs ? at::empty({batch, max_draft + 1}, target.options().dtype(at::kFloat))
+                                  : at::empty({0}, target.options().dtype(at::kFloat));
+  if (batch == 0) return {token_ids, num_accepted, logprobs};
+
+  LogitsRejectionParams p;
+  p.target_logits = target.const_data_ptr();
+  p.draft_probs = draft.defined() ? draft.const_data_ptr() : nullptr;
+  p.draft_token_ids = ids.const_data_ptr<int64_t>();
+  p.lengths = lens.const_data_ptr<int64_t>();
+  p.seeds = seeds_c.const_data_ptr<int64_t>();
+  p.offsets = offsets_c.const_data_ptr<int64_t>();
+  p.sampling = sampling_view(s);
+  p.batch = batch;
+  p.max_draft = max_draft;
+  p.vocab = target.size(-1);
+  p.num_draft_rows = ids.numel();
+  p.packed = packed;
+  p.dtype = prob_dtype(target);
+  p.draft_float32 = draft_float32;
+  p.token_ids = token_ids.mutable_data_ptr<int64_t>();
+  p.num_accepted = num_accepted.mutable_data_ptr<int32_t>();
+  p.logprobs = return_logprobs ? logprobs.mutable_data_ptr<float>() : nullptr;
+  rejection_sample_logits_cpu(p);
+  return {token_ids, num_accepted, logprobs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits(
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const at::Tensor& num_draft_tokens,
+    const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& temperature,
+    const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+    const std::optional<at::Tensor>& min_p, const at::Tensor& seeds, const at::Tensor& offsets,
+    bool return_logprobs) {
+  check_rank(target_logits, 3, "target_logits", "[B, K+1, V]");
+  check_logits(target_logits, "target_logits");
+  const int64_t batch = target_logits.size(0), max_draft = target_logits.size(1) - 1, vocab = target_logits.size(2);
+  TORCH_CHECK(max_draft >= 0, "target_logits must have K+1 >= 1 rows per request, got shape ",
+              target_logits.sizes());
+  check_rank(draft_token_ids, 2, "draft_token_ids", "[B, K]");
+  TORCH_CHECK(draft_token_ids.size(0) == batch && draft_token_ids.size(1) == max_draft,
+              "draft_token_ids must have shape [B, K] = [", batch, ", ", max_draft, "], got ", draft_token_ids.sizes());
+  check_index_dtype(draft_token_ids, "draft_token_ids");
+  check_rank(num_draft_tokens, 1, "num_draft_tokens", "[B]");
+  check_size(num_draft_tokens, 0, batch, "num_draft_tokens", "[B]");
+  check_index_dtype(num_draft_tokens, "num_draft_tokens");
+  if (draft_probs) {
+    check_rank(*draft_probs, 3, "draft_probs", "[B, K, V]");
+    TORCH_CHECK(draft_probs->size(0) == batch && draft_probs->size(1) == max_draft && draft_probs->size(2) == vocab,
+                "draft_probs must have shape [B, K, V] = [", batch, ", ", max_draft, ", ", vocab, "], got ",
+                draft_probs->sizes());
+  }
+  check_rng(seeds, offsets, batch, target_logits);
+  const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, target_logits);
+  return run_chain(target_logits, draft_token_ids, num_draft_tokens, draft_probs, s, seeds, offsets,
+                   return_logprobs, batch, max_draft, /*packed=*/false);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits_packed(
+    const at::Tensor& target_logits, const at::Tensor& cu_num_draft_tokens, const at::Tensor& draft_token_ids,
+    const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& temperature,
+    const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+    const std::optional<at::Tensor>& min_p, const at::Tensor& seeds, const at::Tensor& offsets,
+    bool return_logprobs, int64_t max_num_draft_tokens) {
+  check_rank(target_logits, 2, "target_logits", "[T + B, V]");
+  check_logits(target_logits, "target_logits");
+  check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]");
+  TORCH_CHECK(cu_num_draft_tokens.size(0) >= 1, "cu_num_draft_tokens must have shape [B + 1], got ",
+              cu_num_draft_tokens.sizes());
+  check_index_dtype(cu_num_draft_tokens, "cu_num_draft_tokens");
+  const int64_t batch = cu_num_draft_tokens.size(0) - 1;
+  check_rank(draft_token_ids, 1, "draft_token_ids", "[T]");
+  check_index_dtype(draft_token_ids, "draft_token_ids");
+  const int64_t total = draft_token_ids.size(0);
+  TORCH_CHECK(target_logits.size(0) == total + batch, "target_logits must have T + B = ", total + batch,
+              " rows (T = ", total, " draft tokens, B = ", batch, " requests), got shape ", target_logits.sizes());
+  if (draft_probs) {
+    check_rank(*draft_probs, 2, "draft_probs", "[T, V]");
+    TORCH_CHECK(draft_probs->size(0) == total && draft_probs->size(1) == target_logits.size(1),
+                "draft_probs must have shape [T, V] = [", total, ", ", target_logits.size(1), "], got ",
+                draft_probs->sizes());
+  }
+  TORCH_CHECK(max_num_draft_tokens >= 0, "max_num_draft_tokens must be >= 0, got ", max_num_draft_tokens);
+  check_rng(seeds, offsets, batch, target_logits);
+  const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, target_logits);
+  return run_chain(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, s, seeds, offsets,
+                   return_logprobs, batch, max_num_draft_tokens, /*packed=*/true);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample_logits(
+    const at::Tensor& target_logits, const at::Tensor& tree_token_ids, const at::Tensor& parents,
+    const std::optional<at::Tensor>& num_nodes, const std::optional<at::Tensor>& draft_probs,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p, const at::Tensor& seeds,
+    const at::Tensor& offsets, bool return_logprobs) {
+  check_rank(target_logits, 3, "target_logits", "[B, N, V]");
+  check_logits(target_logits, "target_logits");
+  const int64_t batch = target_logits.size(0), nodes = target_logits.size(1);
+  TORCH_CHECK(nodes >= 1, "target_logits must have N >= 1 nodes (the root), got shape ", target_logits.sizes());
+  for (auto [t, name] : {std::pair<const at::Tensor&, const char*>{tree_token_ids, "tree_token_ids"},
+                         {parents, "parents"}}) {
+    check_rank(t, 2, name, "[B, N]");
+    TORCH_CHECK(t.size(0) == batch && t.size(1) == nodes, name, " must have shape [B, N] = [", batch, ", ", nodes,
+                "], got ", t.sizes());
+    check_index_dtype(t, name);
+  }
+  if (num_nodes) {
+    check_rank(*num_nodes, 1, "num_nodes", "[B]");
+    check_size(*num_nodes, 0, batch, "num_nodes", "[B]");
+    check_index_dtype(*num_nodes, "num_nodes");
+  }
+  if (draft_probs) {
+    TORCH_CHECK(draft_probs->sizes() == target_logits.sizes(), "draft_probs must have shape [B, N, V] = ",
+                target_logits.sizes(), ", got ", draft_probs->sizes());
+  }
+  check_rng(seeds, offsets, batch, target_logits);
+  const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, target_logits);
+  require_cpu(target_logits);
+  const auto target = target_logits.contiguous();
+  const auto tokens = tree_token_ids.contiguous().to(at::kLong);
+  const auto par = parents.contiguous().to(at::kLong);
+  at::Tensor n;
+  if (num_nodes) n = num_nodes->contiguous().to(at::kLong);
+  const auto seeds_c = seeds.contiguous();
+  const auto offsets_c = offsets.contiguous();
+  bool draft_float32;
+  const at::Tensor draft = check_draft(draft_probs, target, draft_float32);
+
+  auto opts = target.options();
+  auto token_ids = at::empty({batch, nodes}, opts.dtype(at::kLong));
+  auto accepted_path = at::empty({batch, nodes}, opts.dtype(at::kInt));
+  auto num_accepted = at::empty({batch}, opts.dtype(at::kInt));
+  auto logprobs = return_logprobs ? at::empty({batch, nodes}, opts.dtype(at::kFloat)) : at::empty({0}, opts.dtype(at::kFloat));
+  if (batch == 0) return {token_ids, accepted_path, num_accepted, logprobs};
+
+  LogitsTreeParams p;
+  p.target_logits = target.const_data_ptr();
+  p.draft_probs = draft.defined() ? draft.const_data_ptr() : nullptr;
+  p.tree_token_ids = tokens.const_data_ptr<int64_t>();
+  p.parents = par.const_data_ptr<int64_t>();
+  p.num_nodes = n.defined() ? n.const_data_ptr<int64_t>() : nullptr;
+  p.seeds = seeds_c.const_data_ptr<int64_t>();
+  p.offsets = offsets_c.const_data_ptr<int64_t>();
+  p.sampling = sampling_view(s);
+  p.batch = batch;
+  p.max_nodes = nodes;
+  p.vocab = target.size(-1);
+  p.dtype = prob_dtype(target);
+  p.draft_float32 = draft_float32;
+  p.token_ids = token_ids.mutable_data_ptr<int64_t>();
+  p.accepted_path = accepted_path.mutable_data_ptr<int32_t>();
+  p.num_accepted = num_accepted.mutable_data_ptr<int32_t>();
+  p.logprobs = return_logprobs ? logprobs.mutable_data_ptr<float>() : nullptr;
+  tree_rejection_sample_logits_cpu(p);
+  return {token_ids, accepted_path, num_accepted, logprobs};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("process_logits", &process_logits);
+  m.impl("rejection_sample_logits", &rejection_sample_logits);
+  m.impl("rejection_sample_logits_packed", &rejection_sample_logits_packed);
+  m.impl("tree_rejection_sample_logits", &tree_rejection_sample_logits);
+}
+
+}  // namespace specdec

@@ -1,0 +1,518 @@
+"""Verification straight from logits (DESIGN.md §5.7): per-request temperature, top-k,
+top-p and min-p, and the log-probability of every emitted token.
+
+Public functions: :func:`process_logits` (the processed distribution as a function: the
+definition the fused ops equal), :func:`rejection_sample_logits` (padded),
+:func:`rejection_sample_logits_packed` (ragged) and :func:`tree_rejection_sample_logits`.
+Fake impls for torch.compile live here too.
+
+The processed distribution of a row of logits l for a request with temperature T > 0,
+each step renormalizing what it keeps: (1) p = softmax(l / T), NaN logits counting as
+-inf (+inf as the largest finite float32, so several +inf share the mass); (2) top-k
+keeps p_i >= the k-th largest p (ties kept); (3) top-p keeps p_i >= t, t the largest value
+whose kept mass is >= top_p (the smallest set of most likely entries reaching top_p, ties
+kept); (4) min-p keeps p_i >= min_p * max(p). T = 0 is greedy: argmax of the raw logits,
+first index on ties (process_logits returns the one-hot row of that index; the filters
+are ignored). A row without a finite logit has no mass (all zeros).
+
+The kernels compute this on z = (x - max x) / T (csrc/logits/logits_math.h): every
+filter is a threshold on z found by a radix select over the order-preserving bits of the
+float values (count and mass histograms, 4 passes of 8 bits, no sort); probabilities are
+never written out. The verification is then exactly §5.2 / §5.3 with the random numbers
+of §5.1, so ``rejection_sample_logits(l, ...)`` equals
+``rejection_sample(process_logits(l, ...), ..., greedy=temperature == 0)`` for the same
+seeds, token for token (floating-point near-ties aside).
+
+Bad parameter values (temperature < 0 or NaN, top_k < 0, top_p outside (0, 1], min_p
+outside [0, 1)) raise SpecDecArgumentError naming the argument on CPU tensors. On the GPU
+(no host sync) they are clamped: temperature <= 0 or NaN is greedy, +inf is the largest
+float; top_k < 0 is off; top_p NaN or > 1 is off, <= 0 keeps the most likely value only;
+min_p NaN or < 0 is off, >= 1 keeps the most likely value only.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import torch
+
+from . import _ops, reference
+from ._backend import resolve_backend, values_checked_here
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, check_tensor,
+                      fail, first_bad, rng_inputs)
+from .types import LogitsSampleOutput, LogitsTreeSampleOutput
+
+__all__ = ["process_logits", "rejection_sample_logits", "rejection_sample_logits_packed",
+           "tree_rejection_sample_logits"]
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+# name -> (dtype the kernels read, what a valid value is, the predicate of a bad value)
+_PARAMS = {
+    "temperature": (torch.float32, ">= 0 (0 = greedy) and not NaN", lambda v: ~(v >= 0)),
+    "top_k": (torch.int64, ">= 0 (0 = off)", lambda v: v < 0),
+    "top_p": (torch.float32, "in (0, 1] (1 = off)", lambda v: ~((v > 0) & (v <= 1))),
+    "min_p": (torch.float32, "in [0, 1) (0 = off)", lambda v: ~((v >= 0) & (v < 1))),
+}
+
+
+def _sampling_param(value, name: str, batch: int, device: torch.device, ref_name: str):
+    """A sampling parameter as the kernels read it: None, or a [B] tensor of the kernel dtype
+    on `device`. Python numbers (one value for every request) are checked here on any device;
+    tensors on CPU are checked value by value (on the GPU they are clamped by the kernels)."""
+    if value is None:
+        return None
+    dtype, valid, bad_value = _PARAMS[name]
+    if isinstance(value, (numbers.Number, bool)) and not isinstance(value, torch.Tensor):
+        if name == "top_k" and not isinstance(value, numbers.Integral):
+            fail(f"top_k must be an int or an integer tensor [B], got {value!r}")
+        if bool(bad_value(torch.tensor(float(value)))):
+            fail(f"{name} = {value!r} must be {valid}")
+        return torch.full((batch,), value, dtype=dtype, device=device)
+    if isinstance(value, (list, tuple)):
+        value = torch.tensor(value, device=device)
+    check_tensor(value, name)
+    check_shape(value, (batch,), name, "[B]")
+    if name == "top_k":
+        check_dtype(value, INDEX_DTYPES, name)
+    elif not value.is_floating_point():
+        fail(f"{name} must be a floating-point tensor [B], got dtype {str(value.dtype).replace('torch.', '')}")
+    check_device(value, device, name, ref_name)
+    if values_checked_here(device):
+        bad = first_bad(bad_value(value.double() if name != "top_k" else value))
+        if bad is not None:
+            fail(f"{name}[{bad[0]}] = {value[bad].item()} must be {valid}")
+    return value.to(dtype).contiguous()
+
+
+def _sampling(temperature, top_k, top_p, min_p, batch, device, ref_name):
+    return tuple(_sampling_param(v, n, batch, device, ref_name)
+                 for v, n in ((temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (min_p, "min_p")))
+
+
+def _check_logits(logits, name):
+    check_tensor(logits, name)
+    check_dtype(logits, PROB_DTYPES, name)
+    if logits.dim() >= 1 and logits.shape[-1] == 0:
+        fail(f"{name} must have a non-empty vocab dimension V")
+
+
+def _check_draft_probs(draft_probs, target_logits, shape, shape_str):
+    """draft_probs in the logits' dtype or float32 are read as they are; any other dtype is
+    read as float32 (a copy)."""
+    if draft_probs is None:
+        return None
+    check_shape(draft_probs, shape, "draft_probs", shape_str)
+    check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
+    check_device(draft_probs, target_logits.device, "draft_probs", "target_logits")
+    if draft_probs.dtype not in (target_logits.dtype, torch.float32):
+        draft_probs = draft_probs.float()
+    return draft_probs
+
+
+def _check_draft_ids(draft_token_ids, used, vocab):
+    bad = first_bad(used & ((draft_token_ids < 0) | (draft_token_ids >= vocab)))
+    if bad is not None:
+        fail(f"draft_token_ids{list(bad)} = {int(draft_token_ids[bad])} is outside the vocabulary [0, {vocab})")
+
+
+def _check_tree_values(tree_token_ids, parents, num_nodes, vocab):
+    batch, nodes = parents.shape
+    if num_nodes is not None:
+        bad = first_bad((num_nodes < 1) | (num_nodes > nodes))
+        if bad is not None:
+            fail(f"num_nodes[{bad[0]}] = {int(num_nodes[bad])} is outside [1, N = {nodes}]")
+        n = num_nodes.to(torch.int64)
+    else:
+        n = torch.full((batch,), nodes, dtype=torch.int64)
+    bad = first_bad(parents[:, 0] != -1)
+    if bad is not None:
+        fail(f"parents[{bad[0]}, 0] = {int(parents[bad[0], 0])} must be -1 (node 0 is the root)")
+    idx = torch.arange(nodes)
+    used = (idx >= 1) & (idx < n[:, None])
+    bad = first_bad(used & ((parents < 0) | (parents >= idx)))
+    if bad is not None:
+        b, i = bad
+        fail(f"parents[{b}, {i}] = {int(parents[b, i])} is malformed: a node's parent must be an earlier node, "
+             f"in [0, {i})")
+    bad = first_bad(used & ((tree_token_ids < 0) | (tree_token_ids >= vocab)))
+    if bad is not None:
+        b, i = bad
+        fail(f"tree_token_ids[{b}, {i}] = {int(tree_token_ids[b, i])} is outside the vocabulary [0, {vocab})")
+
+
+# The logits ops that have a Triton kernel (specdec::<op>_triton), fixed at import.
+_TRITON_OPS = frozenset(op for op in ("process_logits", "rejection_sample_logits", "rejection_sample_logits_packed",
+                                      "tree_rejection_sample_logits")
+                        if _ops.native_loaded() and hasattr(torch.ops.specdec, op + "_triton"))
+
+
+def _backend(backend, device, op):
+    return resolve_backend(backend, device, op, native_op=op, triton_op=op + "_triton" if op in _TRITON_OPS else None)
+
+
+# ---------------------------------------------------------------------------------------------- process_logits
+
+
+def process_logits(
+    logits: torch.Tensor,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """The processed distribution of every row of logits (DESIGN.md §5.7), as float32 probabilities.
+
+    Parameters
+    ----------
+    logits : float32 | float16 | bfloat16 [R, ..., V]
+        Raw logits; the sampling parameters index dim 0 (every row logits[r, ...] uses request r's).
+    temperature : float32 [R] | float | None
+        0 = greedy: the row is one-hot at the argmax of the raw logits (first index on ties) and the
+        filters are ignored. None = 1.0 for every row.
+    top_k : int [R] | int | None
+        Keep the entries with p_i >= the k-th largest p (ties kept); 0 or >= V = off.
+    top_p : float32 [R] | float | None
+        Keep the smallest set of most likely entries whose mass reaches top_p (ties kept); 1 = off.
+    min_p : float32 [R] | float | None
+        Keep p_i >= min_p * max(p); 0 = off.
+    backend : None | "cuda" | "triton" | "cpu" | "reference"
+
+    Returns
+    -------
+    float32 tensor of the shape of logits: p after temperature, top-k, top-p and min-p, each step
+    renormalized. A row without a finite logit is all zeros.
+
+    Example
+    -------
+    >>> probs = process_logits(torch.randn(2, 3, 100), temperature=torch.tensor([0.7, 0.0]), top_p=0.9)
+    >>> probs.shape
+    torch.Size([2, 3, 100])
+    """
+    _check_logits(logits, "logits")
+    if logits.dim() < 2:
+        fail(f"logits must be at least 2-D [R, ..., V], got shape {tuple(logits.shape)}")
+    device = logits.device
+    params = _sampling(temperature, top_k, top_p, min_p, logits.shape[0], device, "logits")
+    backend = _backend(backend, device, "process_logits")
+    if backend == "reference":
+        return reference.process_logits(logits, *params)
+    op = torch.ops.specdec.process_logits if backend in ("cpu", "cuda") else torch.ops.specdec.process_logits_triton
+    return op.default(logits, *params)
+
+
+# ---------------------------------------------------------------------------------------------- chain
+
+
+def _logprobs_out(logprobs, return_logprobs):
+    return logprobs if return_logprobs else None
+
+
+def rejection_sample_logits(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    return_logprobs: bool = False,
+    backend: str | None = None,
+) -> LogitsSampleOutput:
+    """Verify chain drafts losslessly from the target's raw logits, with per-request sampling parameters.
+
+    Equals ``rejection_sample(process_logits(target_logits, temperature, top_k, top_p, min_p),
+    draft_token_ids, num_draft_tokens, draft_probs, seeds=seeds, offsets=offsets,
+    greedy=temperature == 0)`` token for token (floating-point near-ties aside), without writing
+    the probabilities: each row is processed only when verification reaches it.
+
+    Parameters
+    ----------
+    target_logits : float32 | float16 | bfloat16 [B, K+1, V]
+        Row k: the target's logits at draft position k; row n_b is request b's bonus row.
+    draft_token_ids : int32 | int64 [B, K]
+    num_draft_tokens : int32 | int64 [B]
+        n_b in 0..K.
+    draft_probs : float32 | float16 | bfloat16 [B, K, V], optional
+        The drafter's processed distribution (the same sampling parameters); None = one-hot drafts.
+    temperature, top_k, top_p, min_p : [B] tensors, Python numbers (every request) or None
+        As in :func:`process_logits`; greedy (temperature 0) and sampled requests mix in one batch.
+    seeds, offsets : int64 [B], optional
+        The random numbers of §5.1 (as in rejection_sample).
+    return_logprobs : bool
+        Also return the log-probability of every emitted token.
+    backend : None | "cuda" | "triton" | "cpu" | "reference"
+
+    Returns
+    -------
+    LogitsSampleOutput(token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None)
+        token_ids and num_accepted as in rejection_sample (-1 padded). logprobs[b, i] is
+        log p(token_ids[b, i]) under the processed target distribution of the row that emitted it
+        (greedy requests: log_softmax of the raw logits); NaN at padding.
+
+    Example
+    -------
+    >>> logits = torch.randn(2, 4, 100)
+    >>> out = rejection_sample_logits(logits, torch.randint(0, 100, (2, 3)), torch.tensor([3, 1]),
+    ...                               temperature=torch.tensor([0.8, 0.0]), top_p=0.95, return_logprobs=True)
+    >>> out.logprobs.shape
+    torch.Size([2, 4])
+    """
+    check_rank(target_logits, 3, "target_logits", "[B, K+1, V]")
+    _check_logits(target_logits, "target_logits")
+    batch, k_plus_1, vocab = target_logits.shape
+    if k_plus_1 < 1:
+        fail(f"target_logits must have K+1 >= 1 rows per request, got shape {list(target_logits.shape)}")
+    device = target_logits.device
+    max_draft = k_plus_1 - 1
+    check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
+    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
+    check_device(draft_token_ids, device, "draft_token_ids", "target_logits")
+    check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
+    check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
+    check_device(num_draft_tokens, device, "num_draft_tokens", "target_logits")
+    draft_probs = _check_draft_probs(draft_probs, target_logits, (batch, max_draft, vocab), "[B, K, V]")
+    params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
+    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
+    backend = _backend(backend, device, "rejection_sample_logits")
+
+    if values_checked_here(device):
+        bad = first_bad((num_draft_tokens < 0) | (num_draft_tokens > max_draft))
+        if bad is not None:
+            fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft_tokens[bad])} is outside [0, K = {max_draft}]")
+        _check_draft_ids(draft_token_ids, torch.arange(max_draft) < num_draft_tokens[:, None], vocab)
+
+    if backend == "reference":
+        return LogitsSampleOutput(*reference.rejection_sample_logits(
+            target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature=params[0], top_k=params[1],
+            top_p=params[2], min_p=params[3], seeds=seeds, offsets=offsets, return_logprobs=return_logprobs))
+    op = (torch.ops.specdec.rejection_sample_logits if backend in ("cpu", "cuda")
+          else torch.ops.specdec.rejection_sample_logits_triton)
+    token_ids, num_accepted, logprobs = op.default(target_logits, draft_token_ids, num_draft_tokens, draft_probs,
+                                                   *params, seeds, offsets, bool(return_logprobs))
+    return LogitsSampleOutput(token_ids, num_accepted, _logprobs_out(logprobs, return_logprobs))
+
+
+def rejection_sample_logits_packed(
+    target_logits: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    return_logprobs: bool = False,
+    max_num_draft_tokens: int | None = None,
+    backend: str | None = None,
+) -> LogitsSampleOutput:
+    """:func:`rejection_sample_logits` over a ragged (packed) batch.
+
+    Parameters
+    ----------
+    target_logits : float32 | float16 | bfloat16 [T + B, V]
+        Request b owns rows ``cu[b] + b .. cu[b+1] + b``: its n_b draft rows, then its bonus row.
+    cu_num_draft_tokens : int32 | int64 [B + 1]
+        Exclusive prefix sums of n_b, starting at 0 and ending at T.
+    draft_token_ids : int32 | int64 [T]
+    draft_probs : float32 | float16 | bfloat16 [T, V], optional
+    temperature, top_k, top_p, min_p : per request [B] (not per row), numbers or None.
+    seeds, offsets, return_logprobs, backend : as in :func:`rejection_sample_logits`.
+    max_num_draft_tokens : int, optional
+        K, the output width minus one; give it to keep shapes fixed (CUDA graphs) and avoid a host read.
+
+    Returns
+    -------
+    LogitsSampleOutput(token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None),
+    identical to :func:`rejection_sample_logits` on the same requests and seeds.
+    """
+    check_rank(target_logits, 2, "target_logits", "[T + B, V]")
+    _check_logits(target_logits, "target_logits")
+    check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]")
+    if cu_num_draft_tokens.shape[0] < 1:
+        fail("cu_num_draft_tokens must have shape [B + 1] with B >= 0, got shape [0]")
+    check_dtype(cu_num_draft_tokens, INDEX_DTYPES, "cu_num_draft_tokens")
+    device = target_logits.device
+    check_device(cu_num_draft_tokens, device, "cu_num_draft_tokens", "target_logits")
+    batch = cu_num_draft_tokens.shape[0] - 1
+    check_rank(draft_token_ids, 1, "draft_token_ids", "[T]")
+    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
+    check_device(draft_token_ids, device, "draft_token_ids", "target_logits")
+    total, vocab = draft_token_ids.shape[0], target_logits.shape[1]
+    if target_logits.shape[0] != total + batch:
+        fail(f"target_logits must have T + B = {total + batch} rows (T = {total} draft tokens, B = {batch} "
+             f"requests), got shape {list(target_logits.shape)}")
+    draft_probs = _check_draft_probs(draft_probs, target_logits, (total, vocab), "[T, V]")
+    params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
+    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
+    if max_num_draft_tokens is None:
+        # Reads the largest n_b on the host: pass max_num_draft_tokens to avoid the sync.
+        max_num_draft_tokens = int((cu_num_draft_tokens[1:] - cu_num_draft_tokens[:-1]).max()) if batch else 0
+    elif not isinstance(max_num_draft_tokens, int) or max_num_draft_tokens < 0:
+        fail(f"max_num_draft_tokens must be a non-negative int, got {max_num_draft_tokens!r}")
+    backend = _backend(backend, device, "rejection_sample_logits_packed")
+
+    if values_checked_here(device):
+        cu = cu_num_draft_tokens
+        if int(cu[0]) != 0:
+            fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
+        bad = first_bad(cu[1:] < cu[:-1])
+        if bad is not None:
+            fail(f"cu_num_draft_tokens must be non-decreasing: element {bad[0] + 1} = {int(cu[bad[0] + 1])} "
+                 f"< {int(cu[bad[0]])}")
+        if int(cu[-1]) != total:
+            fail(f"cu_num_draft_tokens[B] = {int(cu[-1])} must equal the number of draft tokens T = {total}")
+        bad = first_bad(cu[1:] - cu[:-1] > max_num_draft_tokens)
+        if bad is not None:
+            fail(f"request {bad[0]} has {int(cu[bad[0] + 1] - cu[bad[0]])} draft tokens, more than "
+                 f"max_num_draft_tokens = {max_num_draft_tokens}")
+        _check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
+
+    if backend == "reference":
+        return LogitsSampleOutput(*reference.rejection_sample_logits_packed(
+            target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature=params[0],
+            top_k=params[1], top_p=params[2], min_p=params[3], seeds=seeds, offsets=offsets,
+            return_logprobs=return_logprobs, max_num_draft_tokens=max_num_draft_tokens))
+    op = (torch.ops.specdec.rejection_sample_logits_packed if backend in ("cpu", "cuda")
+          else torch.ops.specdec.rejection_sample_logits_packed_triton)
+    token_ids, num_accepted, logprobs = op.default(target_logits, cu_num_draft_tokens, draft_token_ids,
+                                                   draft_probs, *params, seeds, offsets, bool(return_logprobs),
+                                                   max_num_draft_tokens)
+    return LogitsSampleOutput(token_ids, num_accepted, _logprobs_out(logprobs, return_logprobs))
+
+
+# ---------------------------------------------------------------------------------------------- tree
+
+
+def tree_rejection_sample_logits(
+    target_logits: torch.Tensor,
+    tree_token_ids: torch.Tensor,
+    parents: torch.Tensor,
+    num_nodes: torch.Tensor | None = None,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    return_logprobs: bool = False,
+    backend: str | None = None,
+) -> LogitsTreeSampleOutput:
+    """Tree verification (§5.3) from the target's raw logits, with per-request sampling parameters.
+
+    Equals ``tree_rejection_sample(process_logits(target_logits, ...), tree_token_ids, parents,
+    num_nodes, draft_probs, seeds=seeds, offsets=offsets, greedy=temperature == 0)`` (floating-point
+    near-ties aside); a node's row is processed only when the walk reaches the node.
+
+    Parameters
+    ----------
+    target_logits : float32 | float16 | bfloat16 [B, N, V]
+        Row u: the target's logits after node u (the distribution of u's children).
+    tree_token_ids : int32 | int64 [B, N]
+    parents : int32 | int64 [B, N]
+        parents[b, 0] = -1, 0 <= parents[b, i] < i.
+    num_nodes : int32 | int64 [B], optional
+    draft_probs : float32 | float16 | bfloat16 [B, N, V], optional
+        Row u: the drafter's processed distribution u's children were drawn from.
+    temperature, top_k, top_p, min_p, seeds, offsets, return_logprobs, backend :
+        as in :func:`rejection_sample_logits`.
+
+    Returns
+    -------
+    LogitsTreeSampleOutput(token_ids int64 [B, N], accepted_path int32 [B, N], num_accepted int32 [B],
+    logprobs float32 [B, N] or None)
+        As tree_rejection_sample; logprobs[b, i] is the log-probability of token_ids[b, i] under the
+        processed distribution of node accepted_path[b, i] (the node that emitted it); NaN at padding.
+    """
+    check_rank(target_logits, 3, "target_logits", "[B, N, V]")
+    _check_logits(target_logits, "target_logits")
+    batch, nodes, vocab = target_logits.shape
+    if nodes < 1:
+        fail(f"target_logits must have N >= 1 nodes (node 0 is the root), got shape {list(target_logits.shape)}")
+    device = target_logits.device
+    for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
+        check_shape(t, (batch, nodes), name, "[B, N]")
+        check_dtype(t, INDEX_DTYPES, name)
+        check_device(t, device, name, "target_logits")
+    if num_nodes is not None:
+        check_shape(num_nodes, (batch,), "num_nodes", "[B]")
+        check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
+        check_device(num_nodes, device, "num_nodes", "target_logits")
+    draft_probs = _check_draft_probs(draft_probs, target_logits, (batch, nodes, vocab), "[B, N, V]")
+    params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
+    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
+    backend = _backend(backend, device, "tree_rejection_sample_logits")
+
+    if values_checked_here(device):
+        _check_tree_values(tree_token_ids, parents, num_nodes, vocab)
+
+    if backend == "reference":
+        return LogitsTreeSampleOutput(*reference.tree_rejection_sample_logits(
+            target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature=params[0], top_k=params[1],
+            top_p=params[2], min_p=params[3], seeds=seeds, offsets=offsets, return_logprobs=return_logprobs))
+    op = (torch.ops.specdec.tree_rejection_sample_logits if backend in ("cpu", "cuda")
+          else torch.ops.specdec.tree_rejection_sample_logits_triton)
+    token_ids, accepted_path, num_accepted, logprobs = op.default(
+        target_logits, tree_token_ids, parents, num_nodes, draft_probs, *params, seeds, offsets,
+        bool(return_logprobs))
+    return LogitsTreeSampleOutput(token_ids, accepted_path, num_accepted, _logprobs_out(logprobs, return_logprobs))
+
+
+# ---------------------------------------------------------------------------------------------- fakes
+
+
+def _fake_process(logits, temperature, top_k, top_p, min_p):
+    torch._check(logits.dim() >= 2, lambda: "logits must be at least 2-D [R, ..., V]")
+    return logits.new_empty(logits.shape, dtype=torch.float32)
+
+
+def _fake_logprobs(ref, shape, return_logprobs):
+    return ref.new_empty(shape if return_logprobs else (0,), dtype=torch.float32)
+
+
+def _fake_padded(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p, min_p,
+                 seeds, offsets, return_logprobs):
+    torch._check(target_logits.dim() == 3, lambda: "target_logits must be 3-D [B, K+1, V]")
+    batch, width = target_logits.shape[0], target_logits.shape[1]
+    return (target_logits.new_empty((batch, width), dtype=torch.int64),
+            target_logits.new_empty((batch,), dtype=torch.int32),
+            _fake_logprobs(target_logits, (batch, width), return_logprobs))
+
+
+def _fake_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature, top_k, top_p, min_p,
+                 seeds, offsets, return_logprobs, max_num_draft_tokens):
+    torch._check(target_logits.dim() == 2, lambda: "target_logits must be 2-D [T + B, V]")
+    batch, width = cu_num_draft_tokens.shape[0] - 1, max_num_draft_tokens + 1
+    return (target_logits.new_empty((batch, width), dtype=torch.int64),
+            target_logits.new_empty((batch,), dtype=torch.int32),
+            _fake_logprobs(target_logits, (batch, width), return_logprobs))
+
+
+def _fake_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature, top_k, top_p, min_p,
+               seeds, offsets, return_logprobs):
+    torch._check(target_logits.dim() == 3, lambda: "target_logits must be 3-D [B, N, V]")
+    batch, nodes = target_logits.shape[0], target_logits.shape[1]
+    return (target_logits.new_empty((batch, nodes), dtype=torch.int64),
+            target_logits.new_empty((batch, nodes), dtype=torch.int32),
+            target_logits.new_empty((batch,), dtype=torch.int32),
+            _fake_logprobs(target_logits, (batch, nodes), return_logprobs))
+
+
+if _ops.native_loaded():
+    torch.library.register_fake("specdec::process_logits")(_fake_process)
+    torch.library.register_fake("specdec::rejection_sample_logits")(_fake_padded)
+    torch.library.register_fake("specdec::rejection_sample_logits_packed")(_fake_packed)
+    torch.library.register_fake("specdec::tree_rejection_sample_logits")(_fake_tree)
