@@ -39,17 +39,19 @@ selected rows with Philox generated in registers.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.distributed as dist
 
-from ._checks import INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, fail, first_bad
+from . import logits as _logits
 from ._backend import values_checked_here
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, SpecDecArgumentError, check_device, check_dtype, check_rank,
+                      check_shape, check_tensor, fail, first_bad, rng_inputs)
+from .types import LogitsSampleOutput
 
 __all__ = ["rejection_sample_logits", "rejection_sample_logits_packed", "check_vocab_shards"]
 
 _MASK32 = 0xFFFFFFFF
+_FLT_MAX = torch.finfo(torch.float32).max
 # torch 2.14 renames all_gather_into_tensor (still there, deprecated) to all_gather_single.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _PURPOSE_ACCEPT, _PURPOSE_RESIDUAL, _PURPOSE_BONUS = 0, 1, 2  # csrc/common/philox.h
@@ -57,12 +59,6 @@ _DIGIT_BITS = 8
 _NUM_DIGITS = 1 << _DIGIT_BITS
 _SHIFTS = (24, 16, 8, 0)  # radix rounds over the 31 value bits of a non-negative float32
 
-
-
-class _LogitsOutput(NamedTuple):
-    token_ids: torch.Tensor
-    num_accepted: torch.Tensor
-    logprobs: torch.Tensor | None
 
 
 # ---------------------------------------------------------------------------------------------- collectives
@@ -110,6 +106,10 @@ class _Comm:
         self._count((self.world - 1) * t.numel() * t.element_size())
         _all_gather_single(out, t.reshape(-1), group=self.group)
         return out.view((self.world,) + tuple(t.shape))
+
+    def sum_counts(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of every rank's counts (exact in any order)."""
+        return self.all_reduce(t, dist.ReduceOp.SUM)
 
     def sum_float(self, t: torch.Tensor) -> torch.Tensor:
         """Sum of every rank's float partials, added in rank order: bit-identical on every rank."""
@@ -252,129 +252,180 @@ def _unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed >> 32, _MASK32 - (packed & _MASK32)
 
 
-def _local_argmax(values: torch.Tensor, value_key: torch.Tensor | None, vocab_start: int) -> torch.Tensor:
+def _local_argmax(values: torch.Tensor, vocab_start: int) -> torch.Tensor:
     """Packed (value, global index) of each row's maximum (first index on ties); int64 min for an empty shard."""
     if values.shape[-1] == 0:
         return torch.full(values.shape[:-1], torch.iinfo(torch.int64).min, dtype=torch.int64, device=values.device)
     best, idx = values.max(dim=-1)
-    key = _ordered(best) if value_key is None else value_key(best)
-    return _pack(key, idx + vocab_start)
+    return _pack(_ordered(best), idx + vocab_start)
 
 
-def _radix_threshold(keys: torch.Tensor, weight: torch.Tensor, target: torch.Tensor | None,
-                     reduce_sum, top_fraction: torch.Tensor | None = None) -> torch.Tensor:
-    """Key of the largest present value t with sum(weight over keys >= t) >= target, per row.
+def _order_key(z: torch.Tensor) -> torch.Tensor:
+    """Order-preserving keys (uint32 values in int64) of float32 values, -0.0 as +0.0
+    (``order_key`` of csrc/logits/logits_math.h)."""
+    bits = (z + 0.0).view(torch.int32).to(torch.int64) & _MASK32
+    return torch.where(bits >= 0x80000000, bits ^ _MASK32, bits | 0x80000000)
 
-    keys int32 [R, V_local], non-negative (the bits of non-negative float32 values);
-    weight [R, V_local] non-negative (int32 ones for top-k counts, kept mass for
-    top-p); reduce_sum combines the [R, 256] histograms across ranks. With
-    `top_fraction` the target is top_fraction * (total weight), the total read from
-    the first round's histogram. Four rounds of 8-bit digits, most significant first;
-    after each only the entries in the chosen digit's bucket stay (on CPU they are
-    compacted after the first round: the histograms, hence the result, are the same).
-    Returns int64 [R].
+
+def _radix_select(keys: torch.Tensor, member: torch.Tensor | None, *, k: torch.Tensor | None = None,
+                  mass: torch.Tensor | None = None, top_p: torch.Tensor | None = None, reduce) -> torch.Tensor:
+    """Per row, the key threshold of top-k (``k`` given) or top-p (``mass`` and ``top_p`` given)
+    over this rank's entries and every other rank's, as ``radix_pick_count`` /
+    ``radix_pick_mass`` of csrc/logits/logits_math.h pick it from the combined histograms.
+
+    keys int64 [R, V_local] (uint32 order keys); member bool [R, V_local] or None: the
+    candidates (top-p: the top-k survivors). Top-k: the key of the k-th largest
+    candidate. Top-p: the largest key v with sum_{key >= v} mass >= top_p * (candidate
+    mass), scanning non-empty bins only (an entry whose e underflows to 0 still ties
+    with its key). ``reduce`` combines a histogram [R, C, 256] across ranks (counts
+    exactly; masses in float64, added in rank order). Four passes of 8-bit digits, most
+    significant first; after each only the entries in the chosen bin stay (on CPU they
+    are compacted after the first pass, which changes no histogram). Returns int64 [R].
     """
     rows = keys.shape[0]
     device = keys.device
+    bins = torch.arange(_NUM_DIGITS, device=device)
     prefix = torch.zeros(rows, dtype=torch.int64, device=device)
-    above = torch.zeros(rows, dtype=weight.dtype, device=device)
-    zero = torch.zeros((), dtype=weight.dtype, device=device)
-    row_id = None  # set once compacted: entries are then 1-D (row_id, keys, weight)
+    remaining = k
+    above = torch.zeros(rows, dtype=torch.float64, device=device)
+    target = None
+    count_w = (torch.ones((), dtype=torch.float64, device=device).expand_as(keys) if member is None
+               else member.to(torch.float64))
+    mass_w = None if mass is None else (mass if member is None else torch.where(member, mass, 0.0))
+    row_id = None  # once compacted on CPU, the candidates are 1-D: (row_id, keys, count_w, mass_w)
     for shift in _SHIFTS:
-        digit = ((keys >> shift) & (_NUM_DIGITS - 1)).to(torch.int64)
-        hist = torch.zeros(rows, _NUM_DIGITS, dtype=weight.dtype, device=device)
-        if row_id is None:
-            hist.scatter_add_(1, digit, weight)
+        digit = (keys >> shift) & (_NUM_DIGITS - 1)
+        weights = [count_w] if mass_w is None else [count_w, mass_w]
+        parts = []
+        for w in weights:
+            part = torch.zeros(rows, _NUM_DIGITS, dtype=torch.float64, device=device)
+            if row_id is None:
+                part.scatter_add_(1, digit, w)
+            else:
+                part.view(-1).index_add_(0, row_id * _NUM_DIGITS + digit, w)
+            parts.append(part)
+        hist = reduce(torch.stack(parts, dim=1))  # [R, 1 or 2, 256]
+        counts = hist[:, 0]
+        nonempty = counts > 0
+        if mass_w is None:  # top-k: the bin holding the remaining-th largest candidate
+            at_or_above = counts.flip(-1).cumsum(-1).flip(-1)  # candidates in bins >= d
+            ok = nonempty & (at_or_above >= remaining[:, None])
+        else:  # top-p: the highest bin whose mass, with everything above it, reaches the target
+            if target is None:
+                target = top_p.double() * hist[:, 1].sum(-1)
+            scan = torch.cat([above[:, None], hist[:, 1].flip(-1)], dim=1).cumsum(-1)[:, :-1].flip(-1)
+            ok = nonempty & (scan + hist[:, 1] >= target[:, None])  # scan[d] = above + mass of bins > d
+        highest = torch.where(ok, bins, -1).amax(-1)
+        lowest = torch.where(nonempty, bins, _NUM_DIGITS).amin(-1) % _NUM_DIGITS
+        d = torch.where(highest >= 0, highest, lowest)
+        if mass_w is None:
+            above_d = torch.cat([at_or_above, torch.zeros(rows, 1, dtype=at_or_above.dtype, device=device)], 1)
+            remaining = torch.where(highest >= 0, remaining - above_d.gather(1, (d + 1)[:, None]).squeeze(1).long(),
+                                    1)
         else:
-            hist.view(-1).index_add_(0, row_id * _NUM_DIGITS + digit, weight)
-        hist = reduce_sum(hist)
-        if top_fraction is not None and shift == _SHIFTS[0]:
-            target = top_fraction * hist.sum(dim=-1)
-        suffix = hist.flip(-1).cumsum(-1).flip(-1)  # suffix[d] = weight of digits >= d
-        reached = (above[:, None] + suffix) >= target[:, None]
-        d = (reached.sum(dim=-1) - 1).clamp(min=0)
-        suffix = torch.cat([suffix, torch.zeros(rows, 1, dtype=suffix.dtype, device=device)], dim=1)
-        above = above + suffix.gather(1, (d + 1)[:, None]).squeeze(1)
-        prefix = (prefix << _DIGIT_BITS) | d
+            above = scan.gather(1, d[:, None]).squeeze(1)
+        prefix = prefix | (d << shift)
         if shift == _SHIFTS[-1]:
             break
         if row_id is None:
-            in_bucket = digit == d[:, None]
+            in_bin = digit == d[:, None]
             if device.type == "cpu":  # compaction reads its size on the host: CPU only
-                row_id, col = (in_bucket & (weight != 0)).nonzero(as_tuple=True)
-                keys, weight = keys[row_id, col], weight[row_id, col]
+                row_id, col = (in_bin & (count_w > 0)).nonzero(as_tuple=True)
+                keys, count_w = keys[row_id, col], count_w[row_id, col]
+                mass_w = None if mass_w is None else mass_w[row_id, col]
             else:
-                weight = torch.where(in_bucket, weight, zero)
+                count_w = torch.where(in_bin, count_w, 0.0)
+                mass_w = None if mass_w is None else torch.where(in_bin, mass_w, 0.0)
         else:
-            in_bucket = digit == d[row_id]
-            row_id, keys, weight = row_id[in_bucket], keys[in_bucket], weight[in_bucket]
+            in_bin = digit == d[row_id]
+            row_id, keys, count_w = row_id[in_bin], keys[in_bin], count_w[in_bin]
+            mass_w = None if mass_w is None else mass_w[in_bin]
     return prefix
 
 
-class _Rows:
-    """Per-row processed distributions of this rank's shard (§5.7 steps 1-4), without the normalization.
+def _row_sampling(params, row_request, vocab_size):
+    """Per-row parameters as the kernels sanitize them (``row_sampling`` of logits_math.h):
+    (greedy bool [R], temperature [R] (1 for greedy rows), top_k [R] (0 = off), top_p [R] or
+    None, min_p [R] or None); the filters are None when not given and off on greedy rows."""
+    temperature, top_k, top_p, min_p = params
+    rows = row_request.shape[0]
+    device = row_request.device
+    if temperature is None:
+        greedy = torch.zeros(rows, dtype=torch.bool, device=device)
+        temp = torch.ones(rows, device=device)
+    else:
+        t = temperature[row_request]
+        greedy = ~(t > 0)
+        temp = torch.where(greedy, 1.0, t.clamp(max=_FLT_MAX))
+    if top_k is not None:
+        k = top_k[row_request]
+        top_k = torch.where((k > 0) & (k < vocab_size) & ~greedy, k, 0)
+    if top_p is not None:
+        p = top_p[row_request]
+        top_p = torch.where((p < 1) & ~greedy, p.clamp(min=0.0), 1.0)
+    if min_p is not None:
+        mp = min_p[row_request]
+        min_p = torch.where((mp > 0) & ~greedy, mp.clamp(max=1.0), 0.0)
+    return greedy, temp, top_k, top_p, min_p
 
-    e [R, V_local] float32: exp(l / T - max) on kept entries, 0 elsewhere; z [R]: the
-    global sum of e (rank-order sums); scaled [R, V_local]: l / T with NaN as -inf;
-    top [R]: the global max of scaled; argmax [R]: its first global index.
+
+class _Rows:
+    """The processed distributions (§5.7, csrc/logits/logits_math.h) of this rank's shard of R rows.
+
+    x = the logits with NaN as -inf and +inf as the largest float; m, argmax: the global max of
+    x and its first index; z = (x - m) / T (T = 1 on greedy rows), e = exp(z); the kept set is
+    {order_key(z) >= tau}, tau the largest of the top-k, top-p and min-p thresholds; S the
+    global float64 sum of kept e (rank order), total = float32(S); p = e / total on the kept
+    set, log p = z - log(total). Greedy rows: p is one-hot at argmax and log p = log_softmax(x)
+    (= z - log(total) with T = 1 and nothing filtered).
     """
 
     def __init__(self, comm: _Comm, logits: torch.Tensor, row_request: torch.Tensor, vocab_start: int,
-                 vocab_size: int, temperature, greedy, top_k, top_p, min_p):
+                 vocab_size: int, params):
         inf = float("inf")
-        x = logits.float().nan_to_num(nan=-inf, posinf=inf, neginf=-inf)
-        row_greedy = greedy[row_request]
-        if temperature is not None:
-            row_temp = torch.where(row_greedy, torch.ones((), device=x.device), temperature[row_request])
-            x = x / row_temp[:, None]
-        self.scaled = x
-        packed = comm.all_reduce(_local_argmax(x, None, vocab_start), dist.ReduceOp.MAX)
-        top_key, self.argmax = _unpack(packed)
-        self.top = _unordered(top_key)
-        # A row without a finite logit gets e = exp(-inf - 0) = 0; a +inf logit gives exp(inf - inf) = NaN
-        # there (0 below) and 0 elsewhere: both rows have no mass, like softmax's NaN row.
-        e = torch.exp(x - torch.where(self.top == -inf, 0.0, self.top)[:, None]).nan_to_num_(nan=0.0)
-        keys = e.view(torch.int32)
-        if top_k is not None:
-            k = top_k[row_request].to(torch.int64)
-            active = (k > 0) & (k < vocab_size) & ~row_greedy
-            counts = lambda h: comm.all_reduce(h, dist.ReduceOp.SUM)  # noqa: E731
-            t_key = _radix_threshold(keys, torch.ones((), dtype=torch.int32, device=x.device).expand_as(keys),
-                                     torch.where(active, k, 0).to(torch.int32), counts)
-            e = torch.where(active[:, None] & (keys < t_key[:, None]), torch.zeros((), device=x.device), e)
-            keys = e.view(torch.int32)
-        if top_p is not None:
-            p = top_p[row_request].float()
-            active = (p < 1) & ~row_greedy
-            t_key = _radix_threshold(keys, e, None, comm.sum_float,
-                                     top_fraction=torch.where(active, p, torch.zeros((), device=x.device)))
-            e = torch.where(active[:, None] & (keys < t_key[:, None]), torch.zeros((), device=x.device), e)
-        if min_p is not None:
-            mp = min_p[row_request].float()
-            active = (mp > 0) & ~row_greedy
-            # The kept maximum of e is exactly exp(0) = 1: keep e_i >= min_p * max(e).
-            e = torch.where(active[:, None] & (e < mp[:, None]), torch.zeros((), device=x.device), e)
-        self.e = e
-        self.z = comm.sum_float(e.sum(dim=-1))
+        greedy, temp, top_k, top_p, min_p = _row_sampling(params, row_request, vocab_size)
+        self.greedy = greedy
+        x = logits.float().nan_to_num(nan=-inf, posinf=_FLT_MAX, neginf=-inf)
+        packed = comm.all_reduce(_local_argmax(x, vocab_start), dist.ReduceOp.MAX)
+        m_key, self.argmax = _unpack(packed)
+        m = _unordered(m_key)
+        self.has_mass = m > -inf
+        # A row without a finite logit: z = -inf - 0 = -inf, e = 0 everywhere.
+        z = (x - torch.where(self.has_mass, m, 0.0)[:, None]) / temp[:, None]
+        e = torch.exp(z)
+        if top_k is not None or top_p is not None or min_p is not None:
+            keys = _order_key(z)
+            tau = torch.zeros(z.shape[0], dtype=torch.int64, device=z.device)
+            survivors = None
+            if top_k is not None:
+                tau = torch.where(top_k > 0, _radix_select(keys, None, k=top_k, reduce=comm.sum_counts), 0)
+                survivors = keys >= tau[:, None]
+            if top_p is not None:
+                tau_p = _radix_select(keys, survivors, mass=e.double(), top_p=top_p, reduce=comm.sum_float)
+                tau = torch.maximum(tau, torch.where(top_p < 1, tau_p, 0))
+            if min_p is not None:
+                tau = torch.maximum(tau, torch.where(min_p > 0, _order_key(torch.log(min_p)), 0))
+            kept = keys >= tau[:, None]
+            z = torch.where(kept, z, -inf)
+            e = torch.where(kept, e, 0.0)
+        self.z, self.e = z, e
+        self.total = comm.sum_float(e.double().sum(dim=-1)).float()
+        self.log_total = torch.log(self.total)
 
     def probs(self, rows: torch.Tensor) -> torch.Tensor:
-        """Processed probabilities [len(rows), V_local] of the given rows (0 for a row without mass)."""
-        z = self.z[rows]
-        return torch.where((z > 0)[:, None], self.e[rows] / torch.where(z > 0, z, 1.0)[:, None],
-                           torch.zeros((), device=self.e.device))
+        """Processed probabilities [len(rows), V_local] of sampled rows (0 for a row without mass)."""
+        total = self.total[rows]
+        return torch.where((total > 0)[:, None], self.e[rows] / total[:, None], 0.0)
 
     def prob_at(self, rows: torch.Tensor, local_index: torch.Tensor) -> torch.Tensor:
-        """Processed probability of one local entry per row."""
-        z = self.z[rows]
-        e = self.e[rows, local_index]
-        return torch.where(z > 0, e / torch.where(z > 0, z, 1.0), torch.zeros((), device=e.device))
+        """Processed probability of one local entry per sampled row."""
+        total = self.total[rows]
+        return torch.where(total > 0, self.e[rows, local_index] / total, 0.0)
 
     def logprob(self, rows: torch.Tensor, local_index: torch.Tensor) -> torch.Tensor:
-        """log p of one local entry per row: (l/T - max) - log Z on kept entries, -inf elsewhere."""
-        e = self.e[rows, local_index]
-        s = self.scaled[rows, local_index]
-        value = (s - self.top[rows]) - torch.log(self.z[rows])
-        return torch.where(e > 0, value, torch.full((), float("-inf"), device=e.device))
+        """log p of one local entry per row: z - log(total) on the kept set, -inf elsewhere."""
+        z = self.z[rows, local_index]
+        return torch.where((z > -float("inf")) & self.has_mass[rows], z - self.log_total[rows], -float("inf"))
 
 
 # ---------------------------------------------------------------------------------------------- chain verification
@@ -449,7 +500,7 @@ def _verify_chain(comm: _Comm, rows: _Rows, row_of: torch.Tensor, num_draft: tor
     races = torch.stack([torch.where(residual > 0, residual / noise, zero), torch.where(p > 0, p / noise, zero)],
                         dim=1)  # [B, 2, V_local]
     keys = torch.empty(batch, 3, dtype=torch.int64, device=device)
-    keys[:, :2] = _local_argmax(races, None, vocab_start)
+    keys[:, :2] = _local_argmax(races, vocab_start)
     keys[:, 2] = (residual > 0).any(dim=-1).to(torch.int64) if local else 0
     keys = comm.all_reduce(keys, dist.ReduceOp.MAX)
     _, residual_winner = _unpack(keys[:, 0])
@@ -480,72 +531,58 @@ def _verify_chain(comm: _Comm, rows: _Rows, row_of: torch.Tensor, num_draft: tor
 # ---------------------------------------------------------------------------------------------- public API
 
 
-def _sampling_params(batch, device, temperature, top_k, top_p, min_p, ref_name):
-    """Checked per-request parameters (None where not given) and the greedy mask bool [B]."""
-    out = []
-    for t, name, dtypes in ((temperature, "temperature", PROB_DTYPES + (torch.float64,)),
-                            (top_k, "top_k", INDEX_DTYPES), (top_p, "top_p", PROB_DTYPES + (torch.float64,)),
-                            (min_p, "min_p", PROB_DTYPES + (torch.float64,))):
-        if t is not None:
-            check_shape(t, (batch,), name, "[B]")
-            check_dtype(t, dtypes, name)
-            check_device(t, device, name, ref_name)
-            t = t.to(torch.int64) if name == "top_k" else t.float()
-        out.append(t)
-    temperature, top_k, top_p, min_p = out
-    if values_checked_here(device):
-        for t, name, bad, expected in (
-                (temperature, "temperature", lambda v: ~(v >= 0) | torch.isinf(v), "finite and >= 0"),
-                (top_k, "top_k", lambda v: v < 0, ">= 0"),
-                (top_p, "top_p", lambda v: ~((v > 0) & (v <= 1)), "in (0, 1]"),
-                (min_p, "min_p", lambda v: ~((v >= 0) & (v < 1)), "in [0, 1)")):
-            if t is not None:
-                idx = first_bad(bad(t))
-                if idx is not None:
-                    fail(f"{name}[{idx[0]}] = {t[idx].item()} must be {expected}")
-    greedy = (temperature == 0) if temperature is not None else torch.zeros(batch, dtype=torch.bool, device=device)
-    return temperature, greedy, top_k, top_p, min_p
+def _agree(comm: _Comm, check_shards: bool, error: Exception | None, fields: list[int]) -> None:
+    """Raise on every rank when any rank's local checks failed or (check_shards) the shards do not tile.
+
+    fields = [vocab_start, V_local, vocab_size, *shapes, flags of the optional arguments]; one
+    all-gather of them plus this rank's error flag, so that a bad call on one rank raises on
+    every rank instead of leaving the others waiting in a later collective.
+    """
+    if not check_shards:
+        if error is not None:
+            raise error
+        start, local, vocab = fields[:3]
+        if start + local > vocab:
+            fail(f"this rank's shard [{start}, {start + local}) exceeds vocab_size = {vocab}")
+        return
+    table = comm.all_gather(torch.tensor(fields + [int(error is not None)], dtype=torch.int64,
+                                         device=comm.device)).cpu()
+    if error is not None:
+        raise error
+    failed = [r for r in range(comm.world) if int(table[r, -1])]
+    if failed:
+        fail(f"rank(s) {failed} rejected their arguments (see the error raised there); this is rank {comm.rank}")
+    _check_tiling(table[:, :-1], comm.rank)
 
 
-def _shared_seeds(comm: _Comm, seeds, offsets, batch, device, ref_name):
-    """(seeds, offsets) int64 [B]; seeds=None draws them on the group's first rank and broadcasts them."""
-    if seeds is None:
-        drawn = torch.randint(0, 2**62, (batch,), dtype=torch.int64).to(device)
-        seeds = comm.all_reduce(torch.where(torch.tensor(comm.rank == 0, device=device), drawn, 0),
-                                dist.ReduceOp.SUM)
-    else:
-        check_shape(seeds, (batch,), "seeds", "[B]")
-        check_dtype(seeds, INDEX_DTYPES, "seeds")
-        check_device(seeds, device, "seeds", ref_name)
-        seeds = seeds.to(torch.int64)
-    if offsets is None:
-        offsets = torch.zeros(batch, dtype=torch.int64, device=device)
-    else:
-        check_shape(offsets, (batch,), "offsets", "[B]")
-        check_dtype(offsets, INDEX_DTYPES, "offsets")
-        check_device(offsets, device, "offsets", ref_name)
-        offsets = offsets.to(torch.int64)
-    return seeds, offsets
+def _optional_flags(*given) -> int:
+    return sum(1 << i for i, g in enumerate(given) if g)
 
 
-def _start(local_logits, vocab_start, vocab_size, group, comm_stats, check_shards, shape_info, optional):
-    """Common argument checks and the shard-tiling check; returns the call's _Comm."""
+def _check_common(local_logits, vocab_start, vocab_size):
+    """Checks of the logits' dtype and of vocab_start / vocab_size (the tiling is checked with the other ranks)."""
     check_dtype(local_logits, PROB_DTYPES, "local_logits")
     for value, name in ((vocab_start, "vocab_start"), (vocab_size, "vocab_size")):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             fail(f"{name} must be a non-negative int, got {value!r}")
     if vocab_size < 1:
         fail("vocab_size must be >= 1")
-    comm = _Comm(group, local_logits.device, comm_stats)
-    local = local_logits.shape[-1]
-    if check_shards:
-        flags = sum(1 << i for i, given in enumerate(optional) if given)
-        table = comm.all_gather(torch.tensor([vocab_start, local, vocab_size, *shape_info, flags],
-                                             dtype=torch.int64, device=local_logits.device))
-        _check_tiling(table.cpu(), comm.rank)
-    elif vocab_start + local > vocab_size:
-        fail(f"this rank's shard [{vocab_start}, {vocab_start + local}) exceeds vocab_size = {vocab_size}")
-    return comm
+
+
+def _check_draft_probs(draft_probs, shape, shape_str, device):
+    if draft_probs is not None:
+        check_shape(draft_probs, shape, "draft_probs", shape_str)
+        check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
+        check_device(draft_probs, device, "draft_probs", "local_logits")
+
+
+def _shared_seeds(comm: _Comm, seeds, batch, device):
+    """seeds=None: one per request drawn on the group's first rank (torch's default generator)
+    and broadcast, so that every rank races with the same numbers."""
+    if seeds is not None:
+        return seeds
+    drawn = torch.randint(0, 2**62, (batch,), dtype=torch.int64).to(device)
+    return comm.all_reduce(drawn if comm.rank == 0 else torch.zeros_like(drawn), dist.ReduceOp.SUM)
 
 
 def rejection_sample_logits(
@@ -557,20 +594,20 @@ def rejection_sample_logits(
     vocab_start: int,
     vocab_size: int,
     group=None,
-    temperature: torch.Tensor | None = None,
-    top_k: torch.Tensor | None = None,
-    top_p: torch.Tensor | None = None,
-    min_p: torch.Tensor | None = None,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    min_p=None,
     seeds: torch.Tensor | None = None,
     offsets: torch.Tensor | None = None,
     return_logprobs: bool = False,
     check_shards: bool = True,
     comm_stats: dict | None = None,
-):
+) -> LogitsSampleOutput:
     """Chain verification from vocab-sharded target logits (DESIGN.md §5.8), padded layout.
 
     Every rank of `group` calls this with its shard of the logits; every rank
-    returns the same result, which equals ``specdec_ops.rejection_sample_logits``
+    returns the same result, which equals :func:`specdec_ops.rejection_sample_logits`
     (§5.7) on the concatenated logits for the same seeds (floating-point near-ties
     aside), for any number of ranks and any tiling.
 
@@ -589,79 +626,94 @@ def rejection_sample_logits(
         The shards tile [0, vocab_size) in rank order; their sizes may differ (and may be 0).
     group : torch.distributed process group, optional
         None means the default group. NCCL for CUDA tensors, gloo for CPU tensors.
-    temperature, top_k, top_p, min_p : [B], optional
-        Per-request sampling parameters as in §5.7 (temperature 0 = greedy: argmax of
-        the raw logits; top_k 0 or >= V, top_p 1, min_p 0 = off), the same on every rank.
+    temperature, top_k, top_p, min_p : [B] tensors, Python numbers or None
+        As in :func:`specdec_ops.process_logits` (temperature 0 = greedy: argmax of the
+        raw logits, first index on ties), the same on every rank.
     seeds, offsets : int64 [B], optional
-        §5.1; the noise is keyed by the global vocabulary index. seeds=None draws
-        seeds on the group's first rank and broadcasts them.
+        §5.1; the noise is keyed by the global vocabulary index. seeds=None draws the
+        seeds on the group's first rank and broadcasts them; offsets=None means 0.
     return_logprobs : bool
         Also return the log-probability of each emitted token (NaN padding).
     check_shards : bool
-        All-gather (vocab_start, V_local, vocab_size, shapes, which optional arguments
-        are given) and raise on every rank when they do not tile [0, vocab_size) or
-        disagree: a mismatch then never hangs a later collective. On CUDA this reads
-        7 numbers on the host (one sync): check once with :func:`check_vocab_shards`
-        and pass False for a host-sync-free step (CUDA graphs).
+        All-gather (vocab_start, V_local, vocab_size, the shapes, which optional
+        arguments are given, whether the local argument checks passed) and raise on
+        every rank when the shards do not tile [0, vocab_size) or the ranks disagree:
+        a bad call then never leaves other ranks waiting in a later collective. On
+        CUDA this reads 9 numbers on the host (one sync): check once with
+        :func:`check_vocab_shards` and pass False for a step without host sync.
     comm_stats : dict, optional
         Accumulates ``collectives`` and ``bytes_sent`` (this rank, ring algorithms).
 
     Returns
     -------
-    (token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None)
+    LogitsSampleOutput(token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None)
         The same on every rank, as in §5.7.
 
-    Collectives: about 6 (no filters) to 15 (top-k, top-p and min-p) of
-    O(B * (K+1)) numbers, 256 per row for the radix rounds of top-k / top-p.
+    Collectives: 5 (no filter; 6 with logprobs) to 13 of O(B * (K+1)) numbers; the 4
+    radix passes of top-k and of top-p exchange [B * (K+1), 256] histograms.
 
     Example
     -------
     >>> # on each of 2 ranks, V = 1000 split as [0, 600) and [600, 1000):
     >>> out = rejection_sample_logits(logits_shard, drafts, n, vocab_start=0 if rank == 0 else 600,
-    ...                               vocab_size=1000, temperature=t, top_p=p, seeds=s)
+    ...                               vocab_size=1000, temperature=t, top_p=0.9, seeds=s)
     """
-    check_rank(local_logits, 3, "local_logits", "[B, K+1, V_local]")
-    batch, k_plus_1, local = local_logits.shape
-    if k_plus_1 < 1:
-        fail(f"local_logits must have K+1 >= 1 rows per request, got shape {list(local_logits.shape)}")
+    check_tensor(local_logits, "local_logits")
     device = local_logits.device
-    max_draft = k_plus_1 - 1
-    check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
-    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-    check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
-    check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
-    check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
-    check_device(num_draft_tokens, device, "num_draft_tokens", "local_logits")
-    if draft_probs is not None:
-        check_shape(draft_probs, (batch, max_draft, local), "draft_probs", "[B, K, V_local]")
-        check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
-        check_device(draft_probs, device, "draft_probs", "local_logits")
-    optional = (draft_probs is not None, temperature is not None, top_k is not None, top_p is not None,
-                min_p is not None, seeds is not None, bool(return_logprobs))
-    comm = _start(local_logits, vocab_start, vocab_size, group, comm_stats, check_shards, (batch, k_plus_1),
-                  optional)
-    temperature, greedy, top_k, top_p, min_p = _sampling_params(batch, device, temperature, top_k, top_p, min_p,
-                                                                "local_logits")
-    num_draft = num_draft_tokens.to(torch.int64)
-    drafts = draft_token_ids.to(torch.int64)
-    if values_checked_here(device):
-        bad = first_bad((num_draft < 0) | (num_draft > max_draft))
-        if bad is not None:
-            fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft[bad])} is outside [0, K = {max_draft}]")
-        used = torch.arange(max_draft, device=device)[None, :] < num_draft[:, None]
-        bad = first_bad(used & ((drafts < 0) | (drafts >= vocab_size)))
-        if bad is not None:
-            fail(f"draft_token_ids{list(bad)} = {int(drafts[bad])} is outside the vocabulary [0, {vocab_size})")
+    comm = _Comm(group, device, comm_stats)
+    shape = list(local_logits.shape) + [-1] * 3
+    error = None
+    try:
+        check_rank(local_logits, 3, "local_logits", "[B, K+1, V_local]")
+        batch, k_plus_1, local = local_logits.shape
+        if k_plus_1 < 1:
+            fail(f"local_logits must have K+1 >= 1 rows per request, got shape {list(local_logits.shape)}")
+        _check_common(local_logits, vocab_start, vocab_size)
+        max_draft = k_plus_1 - 1
+        check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
+        check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
+        check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
+        check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
+        check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
+        check_device(num_draft_tokens, device, "num_draft_tokens", "local_logits")
+        _check_draft_probs(draft_probs, (batch, max_draft, local), "[B, K, V_local]", device)
+        params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
+        if seeds is not None:
+            seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+        num_draft = num_draft_tokens.to(torch.int64)
+        drafts = draft_token_ids.to(torch.int64)
+        if values_checked_here(device):
+            bad = first_bad((num_draft < 0) | (num_draft > max_draft))
+            if bad is not None:
+                fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft[bad])} is outside [0, K = {max_draft}]")
+            used = torch.arange(max_draft, device=device)[None, :] < num_draft[:, None]
+            bad = first_bad(used & ((drafts < 0) | (drafts >= vocab_size)))
+            if bad is not None:
+                fail(f"draft_token_ids{list(bad)} = {int(drafts[bad])} is outside the vocabulary "
+                     f"[0, {vocab_size})")
+    except SpecDecArgumentError as e:
+        error = e
+    flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
+                            top_p is not None, min_p is not None, seeds is not None, bool(return_logprobs))
+    _agree(comm, check_shards, error, [_int_or(vocab_start), shape[2] if error is None else -1,
+                                       _int_or(vocab_size), shape[0], shape[1], -1, flags])
+    if seeds is None:
+        seeds, offsets = rng_inputs(_shared_seeds(comm, None, batch, device), offsets, batch, device,
+                                    "local_logits")
     num_draft = num_draft.clamp(0, max_draft)
-    seeds, offsets = _shared_seeds(comm, seeds, offsets, batch, device, "local_logits")
     flat = local_logits.reshape(batch * k_plus_1, local)
     row_request = torch.arange(batch, device=device).repeat_interleave(k_plus_1)
-    rows = _Rows(comm, flat, row_request, vocab_start, vocab_size, temperature, greedy, top_k, top_p, min_p)
+    rows = _Rows(comm, flat, row_request, vocab_start, vocab_size, params)
+    greedy = rows.greedy.view(batch, k_plus_1)[:, 0]
     row_of = torch.arange(batch * k_plus_1, device=device).view(batch, k_plus_1)
     draft_row_of = torch.arange(batch * max_draft, device=device).view(batch, max_draft)
     flat_q = None if draft_probs is None else draft_probs.reshape(batch * max_draft, local)
-    return _LogitsOutput(*_verify_chain(comm, rows, row_of, num_draft, drafts, flat_q, draft_row_of, greedy, seeds,
-                                        offsets, vocab_start, bool(return_logprobs)))
+    return LogitsSampleOutput(*_verify_chain(comm, rows, row_of, num_draft, drafts, flat_q, draft_row_of, greedy,
+                                             seeds, offsets, vocab_start, bool(return_logprobs)))
+
+
+def _int_or(value, default: int = -1) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def rejection_sample_logits_packed(
@@ -673,20 +725,21 @@ def rejection_sample_logits_packed(
     vocab_start: int,
     vocab_size: int,
     group=None,
-    temperature: torch.Tensor | None = None,
-    top_k: torch.Tensor | None = None,
-    top_p: torch.Tensor | None = None,
-    min_p: torch.Tensor | None = None,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    min_p=None,
     seeds: torch.Tensor | None = None,
     offsets: torch.Tensor | None = None,
     return_logprobs: bool = False,
     max_num_draft_tokens: int | None = None,
     check_shards: bool = True,
     comm_stats: dict | None = None,
-):
+) -> LogitsSampleOutput:
     """Chain verification from vocab-sharded target logits (DESIGN.md §5.8), packed layout.
 
-    As :func:`rejection_sample_logits` with the ragged layout of §5.2's packed op.
+    As :func:`rejection_sample_logits` with the ragged layout of §5.2's packed op;
+    identical results to the padded form for the same requests and seeds.
 
     Parameters
     ----------
@@ -702,77 +755,89 @@ def rejection_sample_logits_packed(
     check_shards, comm_stats
         As in :func:`rejection_sample_logits`.
     max_num_draft_tokens : int, optional
-        K of the output; None reads the largest n_b on the host (a sync on the GPU).
+        K of the output (keeps shapes fixed); None reads the largest n_b on the host.
 
     Returns
     -------
-    (token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None)
-        The same on every rank; identical to the padded form for the same requests and seeds.
+    LogitsSampleOutput(token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None)
     """
-    check_rank(local_logits, 2, "local_logits", "[T + B, V_local]")
+    check_tensor(local_logits, "local_logits")
     device = local_logits.device
-    total_rows, local = local_logits.shape
-    check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]")
-    if cu_num_draft_tokens.shape[0] < 1:
-        fail("cu_num_draft_tokens must have shape [B + 1] with B >= 0, got shape [0]")
-    check_dtype(cu_num_draft_tokens, INDEX_DTYPES, "cu_num_draft_tokens")
-    check_device(cu_num_draft_tokens, device, "cu_num_draft_tokens", "local_logits")
-    batch = cu_num_draft_tokens.shape[0] - 1
-    total = total_rows - batch
-    if total < 0:
-        fail(f"local_logits must have T + B rows with B = {batch}, got {total_rows}")
-    check_shape(draft_token_ids, (total,), "draft_token_ids", "[T]")
-    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-    check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
-    if draft_probs is not None:
-        check_shape(draft_probs, (total, local), "draft_probs", "[T, V_local]")
-        check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
-        check_device(draft_probs, device, "draft_probs", "local_logits")
-    cu = cu_num_draft_tokens.to(torch.int64)
-    if max_num_draft_tokens is None:
-        # Reads the largest n_b on the host: pass max_num_draft_tokens to avoid the sync.
-        max_num_draft_tokens = int((cu[1:] - cu[:-1]).max()) if batch else 0
-    elif not isinstance(max_num_draft_tokens, int) or max_num_draft_tokens < 0:
-        fail(f"max_num_draft_tokens must be a non-negative int, got {max_num_draft_tokens!r}")
-    max_draft = max_num_draft_tokens
-    optional = (draft_probs is not None, temperature is not None, top_k is not None, top_p is not None,
-                min_p is not None, seeds is not None, bool(return_logprobs))
-    comm = _start(local_logits, vocab_start, vocab_size, group, comm_stats, check_shards,
-                  (batch, total_rows, max_draft), optional)
-    temperature, greedy, top_k, top_p, min_p = _sampling_params(batch, device, temperature, top_k, top_p, min_p,
-                                                                "local_logits")
-    drafts_flat = draft_token_ids.to(torch.int64)
-    if values_checked_here(device):
-        if int(cu[0]) != 0:
-            fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
-        bad = first_bad(cu[1:] < cu[:-1])
-        if bad is not None:
-            fail(f"cu_num_draft_tokens must be non-decreasing: element {bad[0] + 1} = {int(cu[bad[0] + 1])} "
-                 f"< {int(cu[bad[0]])}")
-        if int(cu[-1]) != total:
-            fail(f"cu_num_draft_tokens[B] = {int(cu[-1])} must equal the number of draft tokens T = {total}")
-        bad = first_bad(cu[1:] - cu[:-1] > max_draft)
-        if bad is not None:
-            fail(f"n_{bad[0]} = {int(cu[bad[0] + 1] - cu[bad[0]])} exceeds max_num_draft_tokens = {max_draft}")
-        bad = first_bad((drafts_flat < 0) | (drafts_flat >= vocab_size))
-        if bad is not None:
-            fail(f"draft_token_ids[{bad[0]}] = {int(drafts_flat[bad])} is outside the vocabulary [0, {vocab_size})")
-    seeds, offsets = _shared_seeds(comm, seeds, offsets, batch, device, "local_logits")
+    comm = _Comm(group, device, comm_stats)
+    shape = list(local_logits.shape) + [-1] * 3
+    error = None
+    try:
+        check_rank(local_logits, 2, "local_logits", "[T + B, V_local]")
+        total_rows, local = local_logits.shape
+        check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]")
+        if cu_num_draft_tokens.shape[0] < 1:
+            fail("cu_num_draft_tokens must have shape [B + 1] with B >= 0, got shape [0]")
+        check_dtype(cu_num_draft_tokens, INDEX_DTYPES, "cu_num_draft_tokens")
+        check_device(cu_num_draft_tokens, device, "cu_num_draft_tokens", "local_logits")
+        batch = cu_num_draft_tokens.shape[0] - 1
+        total = total_rows - batch
+        if total < 0:
+            fail(f"local_logits must have T + B rows with B = {batch}, got {total_rows}")
+        _check_common(local_logits, vocab_start, vocab_size)
+        check_shape(draft_token_ids, (total,), "draft_token_ids", "[T]")
+        check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
+        check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
+        _check_draft_probs(draft_probs, (total, local), "[T, V_local]", device)
+        cu = cu_num_draft_tokens.to(torch.int64)
+        if max_num_draft_tokens is None:
+            # Reads the largest n_b on the host: pass max_num_draft_tokens to avoid the sync.
+            max_num_draft_tokens = int((cu[1:] - cu[:-1]).max()) if batch else 0
+        elif not isinstance(max_num_draft_tokens, int) or max_num_draft_tokens < 0:
+            fail(f"max_num_draft_tokens must be a non-negative int, got {max_num_draft_tokens!r}")
+        max_draft = max_num_draft_tokens
+        params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
+        if seeds is not None:
+            seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+        drafts_flat = draft_token_ids.to(torch.int64)
+        if values_checked_here(device):
+            if int(cu[0]) != 0:
+                fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
+            bad = first_bad(cu[1:] < cu[:-1])
+            if bad is not None:
+                fail(f"cu_num_draft_tokens must be non-decreasing: element {bad[0] + 1} = "
+                     f"{int(cu[bad[0] + 1])} < {int(cu[bad[0]])}")
+            if int(cu[-1]) != total:
+                fail(f"cu_num_draft_tokens[B] = {int(cu[-1])} must equal the number of draft tokens T = {total}")
+            bad = first_bad(cu[1:] - cu[:-1] > max_draft)
+            if bad is not None:
+                fail(f"request {bad[0]} has {int(cu[bad[0] + 1] - cu[bad[0]])} draft tokens, more than "
+                     f"max_num_draft_tokens = {max_draft}")
+            bad = first_bad((drafts_flat < 0) | (drafts_flat >= vocab_size))
+            if bad is not None:
+                fail(f"draft_token_ids[{bad[0]}] = {int(drafts_flat[bad])} is outside the vocabulary "
+                     f"[0, {vocab_size})")
+        shape[2] = max_draft
+    except SpecDecArgumentError as e:
+        error = e
+    flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
+                            top_p is not None, min_p is not None, seeds is not None, bool(return_logprobs))
+    _agree(comm, check_shards, error, [_int_or(vocab_start), shape[1] if error is None else -1,
+                                       _int_or(vocab_size), shape[0], cu_num_draft_tokens.shape[0]
+                                       if isinstance(cu_num_draft_tokens, torch.Tensor) else -1, shape[2], flags])
+    if seeds is None:
+        seeds, offsets = rng_inputs(_shared_seeds(comm, None, batch, device), offsets, batch, device,
+                                    "local_logits")
     # Padded views of the ragged layout (fixed shapes, no host sync): slot k of request b.
     num_draft = (cu[1:] - cu[:-1]).clamp(0, max_draft)
     positions = torch.arange(max_draft + 1, device=device)
     first_row = cu[:-1] + torch.arange(batch, device=device)
-    row_of = (first_row[:, None] + torch.minimum(positions[None, :], num_draft[:, None])).clamp(0, max(total_rows - 1,
-                                                                                                         0))
-    draft_slot = (cu[:-1, None] + torch.minimum(positions[None, :max_draft], (num_draft[:, None] - 1).clamp(min=0)))
+    row_of = (first_row[:, None] + torch.minimum(positions[None, :], num_draft[:, None]))
+    row_of = row_of.clamp(0, max(total_rows - 1, 0))
+    draft_slot = cu[:-1, None] + torch.minimum(positions[None, :max_draft], (num_draft[:, None] - 1).clamp(min=0))
     draft_slot = draft_slot.clamp(0, max(total - 1, 0))
     padded_drafts = torch.cat([drafts_flat, torch.full((1,), -1, dtype=torch.int64, device=device)])
     drafts = torch.where(positions[None, :max_draft] < num_draft[:, None], padded_drafts[draft_slot], -1)
     ends = cu[1:] + torch.arange(1, batch + 1, device=device)  # exclusive end row of each request
-    row_request = torch.searchsorted(ends, torch.arange(total_rows, device=device), right=True).clamp(max=max(batch - 1,
-                                                                                                             0))
+    row_request = torch.searchsorted(ends, torch.arange(total_rows, device=device), right=True)
+    row_request = row_request.clamp(max=max(batch - 1, 0))
     if total == 0:
         draft_probs = None  # no draft slot is used
-    rows = _Rows(comm, local_logits, row_request, vocab_start, vocab_size, temperature, greedy, top_k, top_p, min_p)
-    return _LogitsOutput(*_verify_chain(comm, rows, row_of, num_draft, drafts, draft_probs, draft_slot, greedy,
-                                        seeds, offsets, vocab_start, bool(return_logprobs)))
+    rows = _Rows(comm, local_logits, row_request, vocab_start, vocab_size, params)
+    greedy = rows.greedy[row_of[:, 0]]
+    return LogitsSampleOutput(*_verify_chain(comm, rows, row_of, num_draft, drafts, draft_probs, draft_slot, greedy,
+                                             seeds, offsets, vocab_start, bool(return_logprobs)))

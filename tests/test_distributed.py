@@ -137,7 +137,10 @@ def inconsistent_cases(world):
     overlap = dict(base, vocab_start=[s - (1 if r == 1 else 0) for r, s in enumerate(starts)])
     size = dict(base, vocab_size=[30] * (world - 1) + [31])
     top_k = dict(base, per_rank_kwargs=[{}] * (world - 1) + [{"top_k": torch.full((3,), 2)}])
-    return [gap, overlap, size, top_k], ["gap", "overlap", "vocab_size", "top_k on one rank"]
+    bad_top_p = dict(base, per_rank_kwargs=[{"top_p": torch.full((3,), 1.5)}] + [{"top_p": torch.full((3,), 0.5)}]
+                     * (world - 1))
+    return ([gap, overlap, size, top_k, bad_top_p],
+            ["gap", "overlap", "vocab_size", "top_k on one rank", "bad top_p on rank 0"])
 
 
 def comm_cases(world):
@@ -215,12 +218,14 @@ def test_inconsistent_shards_raise_on_every_rank(world):
     cases, labels = world["eq"]
     bad, bad_labels = world["bad"]
     expected_words = {"gap": "do not tile", "overlap": "do not tile", "vocab_size": "vocab_size differs",
-                      "top_k on one rank": "optional arguments"}
+                      "top_k on one rank": "optional arguments", "bad top_p on rank 0": "rank(s) [0] rejected"}
     for j, label in enumerate(bad_labels):
         for rank, per_rank in enumerate(world["results"]):
             got = per_rank[len(cases) + j]
             assert "error" in got, f"{label}: rank {rank} did not raise"
-            assert expected_words[label] in got["error"], got["error"]
+            words = "top_p[0] = 1.5 must be in (0, 1]" if label == "bad top_p on rank 0" and rank == 0 else \
+                expected_words[label]
+            assert words in got["error"], got["error"]
     # The world stays usable after the raises.
     after = world["after"][0]
     expected = unsharded(after, "reference")
@@ -296,21 +301,35 @@ def test_philox_keyed_by_global_index_matches_reference():
         assert torch.equal(got[b], expected[0])
 
 
-def test_radix_select_finds_kth_largest_and_top_p_threshold():
+def _top_p_key(keys, e, member, top_p):
+    """reference.process_row's top-p threshold, on given keys."""
+    sorted_keys, order = torch.sort(keys[member], descending=True)
+    cum = torch.cumsum(e[member][order].double(), 0)
+    last = torch.ones_like(sorted_keys, dtype=torch.bool)
+    last[:-1] = sorted_keys[:-1] != sorted_keys[1:]
+    reach = last & (cum >= top_p * float(cum[-1]))
+    return sorted_keys[reach][0] if bool(reach.any()) else sorted_keys[-1]
+
+
+def test_radix_select_equals_reference_thresholds():
+    """Top-k: the key of the k-th largest z (ties kept); top-p over the top-k survivors: the largest key
+    whose mass reaches top_p (top_p 0: the maximum only), with ties, underflowing e and -inf entries."""
     g = torch.Generator().manual_seed(4)
-    e = torch.rand(7, 300, generator=g) ** 3
-    e[0, :50] = e[0, 0]  # a tie group
-    e[1] = 0.0
-    keys = e.view(torch.int32)
-    k = torch.tensor([1, 5, 17, 50, 299, 300, 3])
-    t = distributed._radix_threshold(keys, torch.ones_like(keys, dtype=torch.int32), k.to(torch.int32),
-                                     lambda h: h)
-    expected = torch.sort(e, descending=True).values.gather(1, (k - 1)[:, None]).squeeze(1)
-    assert torch.equal(distributed._unordered(t), expected)
-    top_p = torch.tensor([0.1, 0.5, 0.9, 0.99, 0.95, 0.3, 0.7])
-    t = distributed._unordered(distributed._radix_threshold(keys, e, None, lambda h: h, top_fraction=top_p))
-    for r in (0, 2, 3, 4, 5, 6):  # row 1 has no mass
-        values = torch.sort(e[r].double(), descending=True).values
-        total = values.sum()
-        expected = next((v for v in values if e[r][e[r].double() >= v].double().sum() >= top_p[r] * total), values[-1])
-        assert float(t[r]) == float(expected), r
+    z = -torch.rand(6, 300, generator=g) * 30
+    z[0, :50] = z[0, 0]  # a tie group
+    z[1, ::2] = float("-inf")
+    z[2, :5] = -200.0  # e underflows to 0, the key still counts
+    z[:, 7] = 0.0  # the maximum, e = 1
+    keys = reference.order_keys(z)
+    e = torch.exp(z)
+    k = torch.tensor([1, 5, 17, 50, 299, 3])
+    tau_k = distributed._radix_select(keys, None, k=k, reduce=lambda h: h)
+    assert torch.equal(tau_k, torch.stack([torch.topk(keys[r], int(k[r])).values[-1] for r in range(6)]))
+    survivors = keys >= tau_k[:, None]
+    for top_p in (0.0, 0.1, 0.5, 0.9, 0.99):
+        p = torch.full((6,), top_p)
+        for member in (None, survivors):
+            got = distributed._radix_select(keys, member, mass=e.double(), top_p=p, reduce=lambda h: h)
+            m = torch.ones_like(keys, dtype=torch.bool) if member is None else member
+            expected = torch.stack([_top_p_key(keys[r], e[r], m[r], top_p) for r in range(6)])
+            assert torch.equal(got, expected), (top_p, member is None)
