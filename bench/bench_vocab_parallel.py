@@ -37,6 +37,7 @@ import torch.multiprocessing as mp
 from common import Table, base_parser
 
 K = 4
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _free_port() -> int:
@@ -89,7 +90,7 @@ def _rank_main(rank, world, port, cases, repeat, filters, outdir):
 
         def gathered():
             out = torch.empty(world * shard.numel(), dtype=shard.dtype)
-            dist.all_gather_into_tensor(out, shard.reshape(-1))
+            _all_gather_single(out, shard.reshape(-1))
             logits = out.view(world, batch, K + 1, local).permute(1, 2, 0, 3).reshape(batch, K + 1, vocab)
             return specdec_ops.rejection_sample_logits(logits, drafts, n, backend="cpu", **params)
 

@@ -53,7 +53,7 @@ __all__ = ["rejection_sample_logits", "rejection_sample_logits_packed", "check_v
 _MASK32 = 0xFFFFFFFF
 _FLT_MAX = torch.finfo(torch.float32).max
 # torch 2.14 renames all_gather_into_tensor (still there, deprecated) to all_gather_single.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_all_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
 _PURPOSE_ACCEPT, _PURPOSE_RESIDUAL, _PURPOSE_BONUS = 0, 1, 2  # csrc/common/philox.h
 _DIGIT_BITS = 8
 _NUM_DIGITS = 1 << _DIGIT_BITS
@@ -267,61 +267,76 @@ def _order_key(z: torch.Tensor) -> torch.Tensor:
     return torch.where(bits >= 0x80000000, bits ^ _MASK32, bits | 0x80000000)
 
 
-def _radix_select(keys: torch.Tensor, member: torch.Tensor | None, *, k: torch.Tensor | None = None,
-                  mass: torch.Tensor | None = None, top_p: torch.Tensor | None = None, reduce) -> torch.Tensor:
+def _radix_select(keys: torch.Tensor, *, rows: int, row_id: torch.Tensor | None = None,
+                  member: torch.Tensor | None = None, k: torch.Tensor | None = None,
+                  mass: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
+                  comm: "_Comm | None" = None) -> torch.Tensor:
     """Per row, the key threshold of top-k (``k`` given) or top-p (``mass`` and ``top_p`` given)
-    over this rank's entries and every other rank's, as ``radix_pick_count`` /
-    ``radix_pick_mass`` of csrc/logits/logits_math.h pick it from the combined histograms.
+    over this rank's candidates and every other rank's, picked from the combined histograms as
+    ``radix_pick_count`` / ``radix_pick_mass`` of csrc/logits/logits_math.h pick it.
 
-    keys int64 [R, V_local] (uint32 order keys); member bool [R, V_local] or None: the
-    candidates (top-p: the top-k survivors). Top-k: the key of the k-th largest
-    candidate. Top-p: the largest key v with sum_{key >= v} mass >= top_p * (candidate
-    mass), scanning non-empty bins only (an entry whose e underflows to 0 still ties
-    with its key). ``reduce`` combines a histogram [R, C, 256] across ranks (counts
-    exactly; masses in float64, added in rank order). Four passes of 8-bit digits, most
-    significant first; after each only the entries in the chosen bin stay (on CPU they
-    are compacted after the first pass, which changes no histogram). Returns int64 [R].
+    keys int64 (uint32 order keys): [R, V_local] with `member` bool [R, V_local] (None: all
+    entries) marking the candidates, or 1-D candidates with their row in `row_id`. Top-k: the
+    key of the k-th largest candidate. Top-p: the largest key v with sum_{key >= v} mass >=
+    top_p * (candidate mass), scanning non-empty bins only (an entry whose e underflows to 0
+    still ties with its key); masses in float64. Four passes of 8-bit digits, most significant
+    first; after each only the candidates in the chosen bin stay (on CPU they are compacted,
+    which changes no histogram). `comm` None: a single shard (tests). Returns int64 [R].
+
+    Collectives per pass: top-k all-reduces int32 counts [R, 256]; top-p all-gathers the
+    float64 masses [R, 256] with empty bins sent as -1 and adds them in rank order.
     """
-    rows = keys.shape[0]
     device = keys.device
     bins = torch.arange(_NUM_DIGITS, device=device)
     prefix = torch.zeros(rows, dtype=torch.int64, device=device)
     remaining = k
     above = torch.zeros(rows, dtype=torch.float64, device=device)
     target = None
-    count_w = (torch.ones((), dtype=torch.float64, device=device).expand_as(keys) if member is None
-               else member.to(torch.float64))
-    mass_w = None if mass is None else (mass if member is None else torch.where(member, mass, 0.0))
-    row_id = None  # once compacted on CPU, the candidates are 1-D: (row_id, keys, count_w, mass_w)
+    if row_id is None:
+        count_w = (torch.ones((), dtype=torch.int32, device=device).expand_as(keys) if member is None
+                   else member.to(torch.int32))
+        if mass is not None and member is not None:
+            mass = torch.where(member, mass, 0.0)
+    else:
+        count_w = torch.ones_like(keys, dtype=torch.int32)
     for shift in _SHIFTS:
         digit = (keys >> shift) & (_NUM_DIGITS - 1)
-        weights = [count_w] if mass_w is None else [count_w, mass_w]
-        parts = []
-        for w in weights:
-            part = torch.zeros(rows, _NUM_DIGITS, dtype=torch.float64, device=device)
-            if row_id is None:
-                part.scatter_add_(1, digit, w)
-            else:
-                part.view(-1).index_add_(0, row_id * _NUM_DIGITS + digit, w)
-            parts.append(part)
-        hist = reduce(torch.stack(parts, dim=1))  # [R, 1 or 2, 256]
-        counts = hist[:, 0]
-        nonempty = counts > 0
-        if mass_w is None:  # top-k: the bin holding the remaining-th largest candidate
+        counts = torch.zeros(rows, _NUM_DIGITS, dtype=torch.int32, device=device)
+        if row_id is None:
+            counts.scatter_add_(1, digit, count_w)
+        else:
+            counts.view(-1).index_add_(0, row_id * _NUM_DIGITS + digit, count_w)
+        if mass is None:  # top-k: the bin holding the remaining-th largest candidate
+            if comm is not None:
+                counts = comm.all_reduce(counts, dist.ReduceOp.SUM)
+            nonempty = counts > 0
             at_or_above = counts.flip(-1).cumsum(-1).flip(-1)  # candidates in bins >= d
             ok = nonempty & (at_or_above >= remaining[:, None])
         else:  # top-p: the highest bin whose mass, with everything above it, reaches the target
+            masses = torch.zeros(rows, _NUM_DIGITS, dtype=torch.float64, device=device)
+            if row_id is None:
+                masses.scatter_add_(1, digit, mass)
+            else:
+                masses.view(-1).index_add_(0, row_id * _NUM_DIGITS + digit, mass)
+            encoded = torch.where(counts > 0, masses, -1.0)
+            if comm is not None:
+                gathered = comm.all_gather(encoded)
+                masses, nonempty = gathered[0].clamp(min=0.0), gathered[0] >= 0
+                for r in range(1, comm.world):
+                    masses = masses + gathered[r].clamp(min=0.0)
+                    nonempty = nonempty | (gathered[r] >= 0)
+            else:
+                masses, nonempty = encoded.clamp(min=0.0), encoded >= 0
             if target is None:
-                target = top_p.double() * hist[:, 1].sum(-1)
-            scan = torch.cat([above[:, None], hist[:, 1].flip(-1)], dim=1).cumsum(-1)[:, :-1].flip(-1)
-            ok = nonempty & (scan + hist[:, 1] >= target[:, None])  # scan[d] = above + mass of bins > d
+                target = top_p.double() * masses.sum(-1)
+            scan = torch.cat([above[:, None], masses.flip(-1)], dim=1).cumsum(-1)[:, :-1].flip(-1)
+            ok = nonempty & (scan + masses >= target[:, None])  # scan[d] = above + mass of bins > d
         highest = torch.where(ok, bins, -1).amax(-1)
         lowest = torch.where(nonempty, bins, _NUM_DIGITS).amin(-1) % _NUM_DIGITS
         d = torch.where(highest >= 0, highest, lowest)
-        if mass_w is None:
-            above_d = torch.cat([at_or_above, torch.zeros(rows, 1, dtype=at_or_above.dtype, device=device)], 1)
-            remaining = torch.where(highest >= 0, remaining - above_d.gather(1, (d + 1)[:, None]).squeeze(1).long(),
-                                    1)
+        if mass is None:
+            padded = torch.cat([at_or_above, torch.zeros(rows, 1, dtype=at_or_above.dtype, device=device)], 1)
+            remaining = torch.where(highest >= 0, remaining - padded.gather(1, (d + 1)[:, None]).squeeze(1), 1)
         else:
             above = scan.gather(1, d[:, None]).squeeze(1)
         prefix = prefix | (d << shift)
@@ -332,14 +347,14 @@ def _radix_select(keys: torch.Tensor, member: torch.Tensor | None, *, k: torch.T
             if device.type == "cpu":  # compaction reads its size on the host: CPU only
                 row_id, col = (in_bin & (count_w > 0)).nonzero(as_tuple=True)
                 keys, count_w = keys[row_id, col], count_w[row_id, col]
-                mass_w = None if mass_w is None else mass_w[row_id, col]
+                mass = None if mass is None else mass[row_id, col]
             else:
-                count_w = torch.where(in_bin, count_w, 0.0)
-                mass_w = None if mass_w is None else torch.where(in_bin, mass_w, 0.0)
+                count_w = torch.where(in_bin, count_w, 0)
+                mass = None if mass is None else torch.where(in_bin, mass, 0.0)
         else:
             in_bin = digit == d[row_id]
             row_id, keys, count_w = row_id[in_bin], keys[in_bin], count_w[in_bin]
-            mass_w = None if mass_w is None else mass_w[in_bin]
+            mass = None if mass is None else mass[in_bin]
     return prefix
 
 
@@ -397,11 +412,30 @@ class _Rows:
             keys = _order_key(z)
             tau = torch.zeros(z.shape[0], dtype=torch.int64, device=z.device)
             survivors = None
+            rows = z.shape[0]
+            cpu = z.device.type == "cpu"
             if top_k is not None:
-                tau = torch.where(top_k > 0, _radix_select(keys, None, k=top_k, reduce=comm.sum_counts), 0)
+                # On CPU only each row's local top max(k) can hold the global k-th largest (any entry
+                # below the local k-th is below it): race the radix select over those alone.
+                width = min(int(top_k.max()), z.shape[1]) if cpu else 0
+                if width:
+                    cand = torch.topk(keys, width, dim=1, sorted=False).values
+                    row_id = torch.arange(rows, device=z.device).repeat_interleave(width)
+                    tau_k = _radix_select(cand.reshape(-1), rows=rows, row_id=row_id, k=top_k, comm=comm)
+                elif cpu:
+                    empty = torch.zeros(0, dtype=torch.int64)
+                    tau_k = _radix_select(empty, rows=rows, row_id=empty, k=top_k, comm=comm)
+                else:
+                    tau_k = _radix_select(keys, rows=rows, k=top_k, comm=comm)
+                tau = torch.where(top_k > 0, tau_k, 0)
                 survivors = keys >= tau[:, None]
             if top_p is not None:
-                tau_p = _radix_select(keys, survivors, mass=e.double(), top_p=top_p, reduce=comm.sum_float)
+                if cpu and survivors is not None:
+                    row_id, col = survivors.nonzero(as_tuple=True)
+                    tau_p = _radix_select(keys[row_id, col], rows=rows, row_id=row_id,
+                                          mass=e[row_id, col].double(), top_p=top_p, comm=comm)
+                else:
+                    tau_p = _radix_select(keys, rows=rows, member=survivors, mass=e.double(), top_p=top_p, comm=comm)
                 tau = torch.maximum(tau, torch.where(top_p < 1, tau_p, 0))
             if min_p is not None:
                 tau = torch.maximum(tau, torch.where(min_p > 0, _order_key(torch.log(min_p)), 0))

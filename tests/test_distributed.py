@@ -117,7 +117,22 @@ def equality_cases(world, bounds_list, seed0):
     labels.append(f"world={world} bf16 logits")
     cases.append(make_case(seed + 2, 5, 2, bounds[-1], bounds, greedy="all", draft_probs=True))
     labels.append(f"world={world} all greedy")
+    cases.append(residual_fallback_case(seed + 3, bounds))
+    labels.append(f"world={world} residual without mass (draft_probs = the processed target, draft off its support)")
     return cases, labels
+
+
+def residual_fallback_case(seed, bounds):
+    """q = the processed target itself and a draft token the target's top-k filtered out: the draft is
+    rejected (p(x) = 0), max(p - q, 0) has no mass, and the token is drawn from p instead (§5.2)."""
+    case = make_case(seed, 4, 2, bounds[-1], bounds, draft_probs=True, filters=("top_k",), greedy="none")
+    kw = case["kwargs"]
+    kw["top_k"] = torch.full((4,), 3)
+    q = specdec_ops.process_logits(case["logits"][:, :2], kw["temperature"], kw["top_k"])
+    kw["draft_token_ids"] = q.argmin(-1)  # p(x) = q(x) = 0
+    kw["num_draft_tokens"] = torch.tensor([2, 1, 2, 2])
+    case["draft_probs"] = q
+    return case
 
 
 # V not divisible by the world size, uneven shards, an empty shard, shards not starting at multiples of 4.
@@ -323,13 +338,17 @@ def test_radix_select_equals_reference_thresholds():
     keys = reference.order_keys(z)
     e = torch.exp(z)
     k = torch.tensor([1, 5, 17, 50, 299, 3])
-    tau_k = distributed._radix_select(keys, None, k=k, reduce=lambda h: h)
+    tau_k = distributed._radix_select(keys, rows=6, k=k)
     assert torch.equal(tau_k, torch.stack([torch.topk(keys[r], int(k[r])).values[-1] for r in range(6)]))
+    # The CPU path's candidates: each row's top max(k) only, as 1-D entries with their rows.
+    cand = torch.topk(keys, int(k.max()), dim=1).values
+    row_id = torch.arange(6).repeat_interleave(cand.shape[1])
+    assert torch.equal(distributed._radix_select(cand.reshape(-1), rows=6, row_id=row_id, k=k), tau_k)
     survivors = keys >= tau_k[:, None]
     for top_p in (0.0, 0.1, 0.5, 0.9, 0.99):
         p = torch.full((6,), top_p)
         for member in (None, survivors):
-            got = distributed._radix_select(keys, member, mass=e.double(), top_p=p, reduce=lambda h: h)
+            got = distributed._radix_select(keys, rows=6, member=member, mass=e.double(), top_p=p)
             m = torch.ones_like(keys, dtype=torch.bool) if member is None else member
             expected = torch.stack([_top_p_key(keys[r], e[r], m[r], top_p) for r in range(6)])
             assert torch.equal(got, expected), (top_p, member is None)
