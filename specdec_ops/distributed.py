@@ -260,11 +260,23 @@ def _local_argmax(values: torch.Tensor, vocab_start: int) -> torch.Tensor:
     return _pack(_ordered(best), idx + vocab_start)
 
 
+# CPU shards compact candidate lists (their sizes read on the host); CUDA shards keep fixed shapes.
+# Tests turn compaction off to run the CUDA path's arithmetic on CPU tensors.
+_CPU_COMPACTION = True
+
+
+def _compacts(device: torch.device) -> bool:
+    return device.type == "cpu" and _CPU_COMPACTION
+
+
+_KEY_MIN = -(1 << 31)  # the smallest signed key: a threshold that keeps everything
+
+
 def _order_key(z: torch.Tensor) -> torch.Tensor:
-    """Order-preserving keys (uint32 values in int64) of float32 values, -0.0 as +0.0
-    (``order_key`` of csrc/logits/logits_math.h)."""
-    bits = (z + 0.0).view(torch.int32).to(torch.int64) & _MASK32
-    return torch.where(bits >= 0x80000000, bits ^ _MASK32, bits | 0x80000000)
+    """Order-preserving int32 keys of float32 values, -0.0 as +0.0: ``order_key`` of
+    csrc/logits/logits_math.h (a uint32) minus 2^31, so that int32 comparisons order them."""
+    bits = (z + 0.0).view(torch.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
 def _radix_select(keys: torch.Tensor, *, rows: int, row_id: torch.Tensor | None = None,
@@ -275,13 +287,15 @@ def _radix_select(keys: torch.Tensor, *, rows: int, row_id: torch.Tensor | None 
     over this rank's candidates and every other rank's, picked from the combined histograms as
     ``radix_pick_count`` / ``radix_pick_mass`` of csrc/logits/logits_math.h pick it.
 
-    keys int64 (uint32 order keys): [R, V_local] with `member` bool [R, V_local] (None: all
-    entries) marking the candidates, or 1-D candidates with their row in `row_id`. Top-k: the
+    keys int32 (signed order keys, :func:`_order_key`): [R, V_local] with `member` bool
+    [R, V_local] (None: all entries) marking the candidates, or 1-D candidates with their
+    row in `row_id`. Top-k: the
     key of the k-th largest candidate. Top-p: the largest key v with sum_{key >= v} mass >=
     top_p * (candidate mass), scanning non-empty bins only (an entry whose e underflows to 0
     still ties with its key); masses in float64. Four passes of 8-bit digits, most significant
     first; after each only the candidates in the chosen bin stay (on CPU they are compacted,
-    which changes no histogram). `comm` None: a single shard (tests). Returns int64 [R].
+    which changes no histogram). `comm` None: a single shard (tests). Returns the signed key
+    int64 [R].
 
     Collectives per pass: top-k all-reduces int32 counts [R, 256]; top-p all-gathers the
     float64 masses [R, 256] with empty bins sent as -1 and adds them in rank order.
@@ -300,7 +314,9 @@ def _radix_select(keys: torch.Tensor, *, rows: int, row_id: torch.Tensor | None 
     else:
         count_w = torch.ones_like(keys, dtype=torch.int32)
     for shift in _SHIFTS:
-        digit = (keys >> shift) & (_NUM_DIGITS - 1)
+        digit = ((keys >> shift) & (_NUM_DIGITS - 1)).long()
+        if shift == _SHIFTS[0]:
+            digit = digit ^ (_NUM_DIGITS >> 1)  # the top digit of the unsigned key
         counts = torch.zeros(rows, _NUM_DIGITS, dtype=torch.int32, device=device)
         if row_id is None:
             counts.scatter_add_(1, digit, count_w)
@@ -344,7 +360,7 @@ def _radix_select(keys: torch.Tensor, *, rows: int, row_id: torch.Tensor | None 
             break
         if row_id is None:
             in_bin = digit == d[:, None]
-            if device.type == "cpu":  # compaction reads its size on the host: CPU only
+            if _compacts(device):  # compaction reads its size on the host: CPU only
                 row_id, col = (in_bin & (count_w > 0)).nonzero(as_tuple=True)
                 keys, count_w = keys[row_id, col], count_w[row_id, col]
                 mass = None if mass is None else mass[row_id, col]
@@ -355,7 +371,7 @@ def _radix_select(keys: torch.Tensor, *, rows: int, row_id: torch.Tensor | None 
             in_bin = digit == d[row_id]
             row_id, keys, count_w = row_id[in_bin], keys[in_bin], count_w[in_bin]
             mass = None if mass is None else mass[in_bin]
-    return prefix
+    return prefix + _KEY_MIN
 
 
 def _row_sampling(params, row_request, vocab_size):
@@ -408,15 +424,17 @@ class _Rows:
         # A row without a finite logit: z = -inf - 0 = -inf, e = 0 everywhere.
         z = (x - torch.where(self.has_mass, m, 0.0)[:, None]) / temp[:, None]
         e = torch.exp(z)
+        self.z, self.e = z, e
+        self.keys = self.tau = None  # set when a filter is given: kept = keys >= tau
         if top_k is not None or top_p is not None or min_p is not None:
             keys = _order_key(z)
-            tau = torch.zeros(z.shape[0], dtype=torch.int64, device=z.device)
+            tau = torch.full((z.shape[0],), _KEY_MIN, dtype=torch.int64, device=z.device)
             survivors = None
             rows = z.shape[0]
-            cpu = z.device.type == "cpu"
+            cpu = _compacts(z.device)
             if top_k is not None:
                 # On CPU only each row's local top max(k) can hold the global k-th largest (any entry
-                # below the local k-th is below it): race the radix select over those alone.
+                # below the local k-th is below it): run the radix select over those alone.
                 width = min(int(top_k.max()), z.shape[1]) if cpu else 0
                 if width:
                     cand = torch.topk(keys, width, dim=1, sorted=False).values
@@ -424,10 +442,10 @@ class _Rows:
                     tau_k = _radix_select(cand.reshape(-1), rows=rows, row_id=row_id, k=top_k, comm=comm)
                 elif cpu:
                     empty = torch.zeros(0, dtype=torch.int64)
-                    tau_k = _radix_select(empty, rows=rows, row_id=empty, k=top_k, comm=comm)
+                    tau_k = _radix_select(empty.int(), rows=rows, row_id=empty, k=top_k, comm=comm)
                 else:
                     tau_k = _radix_select(keys, rows=rows, k=top_k, comm=comm)
-                tau = torch.where(top_k > 0, tau_k, 0)
+                tau = torch.where(top_k > 0, tau_k, tau)
                 survivors = keys >= tau[:, None]
             if top_p is not None:
                 if cpu and survivors is not None:
@@ -435,31 +453,38 @@ class _Rows:
                     tau_p = _radix_select(keys[row_id, col], rows=rows, row_id=row_id,
                                           mass=e[row_id, col].double(), top_p=top_p, comm=comm)
                 else:
-                    tau_p = _radix_select(keys, rows=rows, member=survivors, mass=e.double(), top_p=top_p, comm=comm)
-                tau = torch.maximum(tau, torch.where(top_p < 1, tau_p, 0))
+                    tau_p = _radix_select(keys, rows=rows, member=survivors, mass=e.double(), top_p=top_p,
+                                          comm=comm)
+                tau = torch.maximum(tau, torch.where(top_p < 1, tau_p, _KEY_MIN))
             if min_p is not None:
-                tau = torch.maximum(tau, torch.where(min_p > 0, _order_key(torch.log(min_p)), 0))
-            kept = keys >= tau[:, None]
-            z = torch.where(kept, z, -inf)
-            e = torch.where(kept, e, 0.0)
-        self.z, self.e = z, e
-        self.total = comm.sum_float(e.double().sum(dim=-1)).float()
+                tau = torch.maximum(tau, torch.where(min_p > 0, _order_key(torch.log(min_p)).long(), _KEY_MIN))
+            self.keys, self.tau = keys, tau
+            e = torch.where(keys >= tau[:, None], e, 0.0)
+        self.total = comm.sum_float(e.sum(dim=-1, dtype=torch.float64)).float()
         self.log_total = torch.log(self.total)
+
+    def _kept(self, rows: torch.Tensor, local_index: torch.Tensor | None = None) -> torch.Tensor | bool:
+        if self.keys is None:
+            return True
+        if local_index is None:
+            return self.keys[rows] >= self.tau[rows][:, None]
+        return self.keys[rows, local_index] >= self.tau[rows]
 
     def probs(self, rows: torch.Tensor) -> torch.Tensor:
         """Processed probabilities [len(rows), V_local] of sampled rows (0 for a row without mass)."""
         total = self.total[rows]
-        return torch.where((total > 0)[:, None], self.e[rows] / total[:, None], 0.0)
+        return torch.where((total > 0)[:, None] & self._kept(rows), self.e[rows] / total[:, None], 0.0)
 
     def prob_at(self, rows: torch.Tensor, local_index: torch.Tensor) -> torch.Tensor:
         """Processed probability of one local entry per sampled row."""
         total = self.total[rows]
-        return torch.where(total > 0, self.e[rows, local_index] / total, 0.0)
+        return torch.where((total > 0) & self._kept(rows, local_index), self.e[rows, local_index] / total, 0.0)
 
     def logprob(self, rows: torch.Tensor, local_index: torch.Tensor) -> torch.Tensor:
         """log p of one local entry per row: z - log(total) on the kept set, -inf elsewhere."""
         z = self.z[rows, local_index]
-        return torch.where((z > -float("inf")) & self.has_mass[rows], z - self.log_total[rows], -float("inf"))
+        kept = (z > -float("inf")) & self.has_mass[rows] & self._kept(rows, local_index)
+        return torch.where(kept, z - self.log_total[rows], -float("inf"))
 
 
 # ---------------------------------------------------------------------------------------------- chain verification

@@ -79,12 +79,14 @@ def sharded_calls(rank, world, cases):
     A case is a dict: "layout" ("padded" | "packed"), "bounds" (rank r owns
     [bounds[r], bounds[r+1])), optional "vocab_start"/"vocab_size" overrides per
     rank (lists), "logits", "draft_probs" (full tensors, sliced here) and
-    "kwargs" (replicated arguments).
+    "kwargs" (replicated arguments); "fixed_shapes": run the CUDA path's fixed-shape
+    arithmetic (no CPU compaction) on the CPU tensors.
     """
     from specdec_ops import SpecDecArgumentError, distributed
 
     out = []
     for case in cases:
+        distributed._CPU_COMPACTION = not case.get("fixed_shapes", False)  # True: the CUDA path's arithmetic
         bounds = case["bounds"]
         kwargs = dict(case["kwargs"])
         vocab_start = case.get("vocab_start", bounds[:-1])[rank]

@@ -119,6 +119,10 @@ def equality_cases(world, bounds_list, seed0):
     labels.append(f"world={world} all greedy")
     cases.append(residual_fallback_case(seed + 3, bounds))
     labels.append(f"world={world} residual without mass (draft_probs = the processed target, draft off its support)")
+    for layout in ("padded", "packed"):  # the CUDA path's fixed-shape arithmetic, on CPU tensors
+        cases.append(dict(make_case(seed + 4, 6, 3, bounds[-1], bounds, layout=layout, draft_probs=True,
+                                    filters=("top_k", "top_p", "min_p"), specials=True), fixed_shapes=True))
+        labels.append(f"world={world} {layout} all filters, fixed shapes (no CPU compaction, as on CUDA)")
     return cases, labels
 
 
@@ -335,7 +339,8 @@ def test_radix_select_equals_reference_thresholds():
     z[1, ::2] = float("-inf")
     z[2, :5] = -200.0  # e underflows to 0, the key still counts
     z[:, 7] = 0.0  # the maximum, e = 1
-    keys = reference.order_keys(z)
+    keys = distributed._order_key(z)
+    assert torch.equal(keys.long(), reference.order_keys(z) - 2**31)  # the kernels' order keys, signed
     e = torch.exp(z)
     k = torch.tensor([1, 5, 17, 50, 299, 3])
     tau_k = distributed._radix_select(keys, rows=6, k=k)
