@@ -125,6 +125,7 @@ _FONT = {  # 3x5 glyphs, rows top to bottom, 3 bits each
     "R": "110101110101101", "D": "110101101101110", "T": "111010010010010", "E": "111100111100111",
     "N": "101111111111101", "O": "111101101101111", "P": "111101111100100", "Y": "101101010010010",
     "C": "111100100100111", "I": "111010010010111", ".": "000000000000010", "-": "000000111000000",
+    "U": "101101101101111", "+": "000010111010000", "F": "111100111100100",
 }
 
 
@@ -153,7 +154,7 @@ def write_png(rows, path):
     """Two panels (bytes sent per rank, log scale; wall time, log scale): grey = all-gather + op, blue = sharded."""
     import math
 
-    width, panel_h, top = 60 + 70 * len(rows), 220, 30
+    width, panel_h, top = 60 + 70 * len(rows), 220, 60
     height = 2 * (panel_h + top) + 40
     img = [[(255, 255, 255)] * width for _ in range(height)]
     grey, blue, black = (150, 150, 150), (40, 90, 200), (0, 0, 0)
