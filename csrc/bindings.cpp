@@ -66,18 +66,34 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   // [0] tensor when return_logprobs is false.
   // process_logits -> probs float32, the shape of logits
   m.def("process_logits(Tensor logits, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p) -> Tensor");
+  m.def(
+      "process_logits_triton(Tensor logits, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p) "
+      "-> Tensor");
   // -> (token_ids int64 [B, K+1], num_accepted int32 [B], logprobs)
   m.def(
       "rejection_sample_logits(Tensor target_logits, Tensor draft_token_ids, Tensor num_draft_tokens, "
       "Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, Tensor seeds, "
       "Tensor offsets, bool return_logprobs) -> (Tensor, Tensor, Tensor)");
   m.def(
+      "rejection_sample_logits_triton(Tensor target_logits, Tensor draft_token_ids, Tensor num_draft_tokens, "
+      "Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, Tensor seeds, "
+      "Tensor offsets, bool return_logprobs) -> (Tensor, Tensor, Tensor)");
+  m.def(
       "rejection_sample_logits_packed(Tensor target_logits, Tensor cu_num_draft_tokens, Tensor draft_token_ids, "
       "Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, Tensor seeds, "
       "Tensor offsets, bool return_logprobs, int max_num_draft_tokens) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "rejection_sample_logits_packed_triton(Tensor target_logits, Tensor cu_num_draft_tokens, "
+      "Tensor draft_token_ids, Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
+      "Tensor? min_p, Tensor seeds, Tensor offsets, bool return_logprobs, int max_num_draft_tokens) "
+      "-> (Tensor, Tensor, Tensor)");
   // -> (token_ids int64 [B, N], accepted_path int32 [B, N], num_accepted int32 [B], logprobs)
   m.def(
       "tree_rejection_sample_logits(Tensor target_logits, Tensor tree_token_ids, Tensor parents, Tensor? num_nodes, "
       "Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, Tensor seeds, "
       "Tensor offsets, bool return_logprobs) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "tree_rejection_sample_logits_triton(Tensor target_logits, Tensor tree_token_ids, Tensor parents, "
+      "Tensor? num_nodes, Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
+      "Tensor seeds, Tensor offsets, bool return_logprobs) -> (Tensor, Tensor, Tensor, Tensor)");
 }

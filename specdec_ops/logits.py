@@ -38,7 +38,7 @@ from typing import NamedTuple
 import torch
 
 from . import _ops, reference
-from ._backend import resolve_backend, values_checked_here
+from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, check_tensor,
                       fail, first_bad, rng_inputs)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput
@@ -511,7 +511,101 @@ def _fake_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, t
             _fake_logprobs(target_logits, (batch, nodes), return_logprobs))
 
 
+# ---------------------------------------------------------------------------------------------- triton
+
+
+def _block(vocab):
+    return min(next_pow2(vocab), 4096 if triton_interpreting() else 1024)
+
+
+def _param_ptrs(ref, params):
+    """Kernel pointers of the sampling parameters (ref where absent) and their HAS_* flags."""
+    return [ref if t is None else t.contiguous() for t in params], {
+        f"HAS_{name}": t is not None for name, t in zip(("T", "K", "P", "MIN_P"), params)}
+
+
+def _triton_process(logits, temperature, top_k, top_p, min_p):
+    from .triton_kernels.logits import process_logits_kernel
+
+    x = logits.contiguous()
+    probs = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return probs
+    vocab = x.shape[-1]
+    rows = x.numel() // vocab
+    ptrs, flags = _param_ptrs(x, (temperature, top_k, top_p, min_p))
+    process_logits_kernel[(rows,)](x, *ptrs, probs, rows, rows // x.shape[0], vocab, **flags, BLOCK=_block(vocab))
+    return probs
+
+
+def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
+                  batch, max_draft, packed):
+    from .triton_kernels.logits import rejection_sample_logits_kernel
+
+    token_ids = target_logits.new_empty((batch, max_draft + 1), dtype=torch.int64)
+    num_accepted = target_logits.new_empty((batch,), dtype=torch.int32)
+    logprobs = _fake_logprobs(target_logits, (batch, max_draft + 1), return_logprobs)
+    if batch == 0:
+        return token_ids, num_accepted, logprobs
+    target = target_logits.contiguous()
+    ids = draft_token_ids.contiguous().to(torch.int64)
+    vocab = target.shape[-1]
+    ptrs, flags = _param_ptrs(target, params)
+    rejection_sample_logits_kernel[(batch,)](
+        target, target if draft_probs is None else draft_probs.contiguous(), ids,
+        lengths.contiguous().to(torch.int64), seeds.contiguous(), offsets.contiguous(), *ptrs, token_ids,
+        num_accepted, logprobs if return_logprobs else target, vocab, max_draft, ids.numel(),
+        PACKED=packed, HAS_DRAFT_PROBS=draft_probs is not None, **flags, LOGPROBS=bool(return_logprobs),
+        BLOCK_K=next_pow2(max_draft + 1), BLOCK=_block(vocab))
+    return token_ids, num_accepted, logprobs
+
+
+def _triton_padded(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p, min_p,
+                   seeds, offsets, return_logprobs):
+    return _launch_chain(target_logits, draft_token_ids, num_draft_tokens, draft_probs,
+                         (temperature, top_k, top_p, min_p), seeds, offsets, return_logprobs,
+                         target_logits.shape[0], target_logits.shape[1] - 1, packed=False)
+
+
+def _triton_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature, top_k, top_p,
+                   min_p, seeds, offsets, return_logprobs, max_num_draft_tokens):
+    return _launch_chain(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs,
+                         (temperature, top_k, top_p, min_p), seeds, offsets, return_logprobs,
+                         cu_num_draft_tokens.shape[0] - 1, max_num_draft_tokens, packed=True)
+
+
+def _triton_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature, top_k, top_p, min_p,
+                 seeds, offsets, return_logprobs):
+    from .triton_kernels.logits import tree_rejection_sample_logits_kernel
+
+    batch, nodes, vocab = target_logits.shape
+    token_ids = target_logits.new_empty((batch, nodes), dtype=torch.int64)
+    accepted_path = target_logits.new_empty((batch, nodes), dtype=torch.int32)
+    num_accepted = target_logits.new_empty((batch,), dtype=torch.int32)
+    logprobs = _fake_logprobs(target_logits, (batch, nodes), return_logprobs)
+    if batch == 0:
+        return token_ids, accepted_path, num_accepted, logprobs
+    target = target_logits.contiguous()
+    ptrs, flags = _param_ptrs(target, (temperature, top_k, top_p, min_p))
+    tokens = tree_token_ids.contiguous().to(torch.int64)
+    tree_rejection_sample_logits_kernel[(batch,)](
+        target, target if draft_probs is None else draft_probs.contiguous(), tokens,
+        parents.contiguous().to(torch.int64), tokens if num_nodes is None else num_nodes.contiguous().to(torch.int64),
+        seeds.contiguous(), offsets.contiguous(), *ptrs, token_ids, accepted_path, num_accepted,
+        logprobs if return_logprobs else target, vocab, nodes,
+        HAS_NUM_NODES=num_nodes is not None, HAS_DRAFT_PROBS=draft_probs is not None, **flags,
+        LOGPROBS=bool(return_logprobs), BLOCK_N=next_pow2(nodes), BLOCK=_block(vocab))
+    return token_ids, accepted_path, num_accepted, logprobs
+
+
 if _ops.native_loaded():
+    for _name, _fake, _impl in (("process_logits", _fake_process, _triton_process),
+                                ("rejection_sample_logits", _fake_padded, _triton_padded),
+                                ("rejection_sample_logits_packed", _fake_packed, _triton_packed),
+                                ("tree_rejection_sample_logits", _fake_tree, _triton_tree)):
+        if _impl is not None and _name in _TRITON_OPS:
+            torch.library.register_fake(f"specdec::{_name}_triton")(_fake)
+            torch.library.impl(f"specdec::{_name}_triton", ("CPU", "CUDA"))(_impl)
     torch.library.register_fake("specdec::process_logits")(_fake_process)
     torch.library.register_fake("specdec::rejection_sample_logits")(_fake_padded)
     torch.library.register_fake("specdec::rejection_sample_logits_packed")(_fake_packed)

@@ -11,6 +11,15 @@
 #include "../common/torch_checks.h"
 #include "logits_params.h"
 
+#ifdef SPECDEC_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+namespace specdec {
+cudaError_t launch_process_logits_cuda(const ProcessLogitsParams& params, cudaStream_t stream);
+cudaError_t launch_rejection_sample_logits_cuda(const LogitsRejectionParams& params, cudaStream_t stream);
+}
+#endif
+
 namespace specdec {
 namespace {
 
@@ -71,9 +80,9 @@ SamplingParams sampling_view(const SamplingTensors& s) {
   return v;
 }
 
-void require_cpu(const at::Tensor& t) {
-  TORCH_CHECK(t.is_cpu(), "this specdec_ops build has no CUDA kernel for the logits ops: use backend='triton' ",
-              "for CUDA tensors, got ", t.device());
+void require_cpu(const at::Tensor& t, const char* op) {
+  TORCH_CHECK(t.is_cpu(), op, " has no CUDA kernel: use backend='triton' or 'reference' for CUDA tensors, got ",
+              t.device());
 }
 
 void check_logits(const at::Tensor& logits, const char* name) {
@@ -107,7 +116,6 @@ at::Tensor process_logits(const at::Tensor& logits, const std::optional<at::Tens
                           const std::optional<at::Tensor>& min_p) {
   TORCH_CHECK(logits.dim() >= 2, "logits must be at least 2-D [R, ..., V], got shape ", logits.sizes());
   check_logits(logits, "logits");
-  require_cpu(logits);
   const int64_t batch = logits.size(0);
   const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, logits);
   const auto x = logits.contiguous();
@@ -121,7 +129,16 @@ at::Tensor process_logits(const at::Tensor& logits, const std::optional<at::Tens
   p.inner = p.rows / batch;
   p.sampling = sampling_view(s);
   p.probs = probs.mutable_data_ptr<float>();
-  process_logits_cpu(p);
+  if (x.is_cpu()) {
+    process_logits_cpu(p);
+  } else {
+#ifdef SPECDEC_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(x.device());
+    C10_CUDA_CHECK(launch_process_logits_cuda(p, at::cuda::getCurrentCUDAStream()));
+#else
+    TORCH_CHECK(false, "specdec_ops was built without CUDA kernels");
+#endif
+  }
   return probs;
 }
 
@@ -129,7 +146,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_chain(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const at::Tensor& lengths,
     const std::optional<at::Tensor>& draft_probs, const SamplingTensors& s, const at::Tensor& seeds,
     const at::Tensor& offsets, bool return_logprobs, int64_t batch, int64_t max_draft, bool packed) {
-  require_cpu(target_logits);
   const auto target = target_logits.contiguous();
   const auto ids = draft_token_ids.contiguous().to(at::kLong);
   const auto lens = lengths.contiguous().to(at::kLong);
@@ -162,7 +178,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_chain(
   p.token_ids = token_ids.mutable_data_ptr<int64_t>();
   p.num_accepted = num_accepted.mutable_data_ptr<int32_t>();
   p.logprobs = return_logprobs ? logprobs.mutable_data_ptr<float>() : nullptr;
-  rejection_sample_logits_cpu(p);
+  if (target.is_cpu()) {
+    rejection_sample_logits_cpu(p);
+  } else {
+#ifdef SPECDEC_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(target.device());
+    C10_CUDA_CHECK(launch_rejection_sample_logits_cuda(p, at::cuda::getCurrentCUDAStream()));
+#else
+    TORCH_CHECK(false, "specdec_ops was built without CUDA kernels");
+#endif
+  }
   return {token_ids, num_accepted, logprobs};
 }
 
@@ -255,7 +280,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample
   }
   check_rng(seeds, offsets, batch, target_logits);
   const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, target_logits);
-  require_cpu(target_logits);
+  require_cpu(target_logits, "tree_rejection_sample_logits");
   const auto target = target_logits.contiguous();
   const auto tokens = tree_token_ids.contiguous().to(at::kLong);
   const auto par = parents.contiguous().to(at::kLong);
@@ -303,5 +328,14 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("rejection_sample_logits_packed", &rejection_sample_logits_packed);
   m.impl("tree_rejection_sample_logits", &tree_rejection_sample_logits);
 }
+
+#ifdef SPECDEC_WITH_CUDA
+// tree_rejection_sample_logits has no CUDA kernel: on CUDA tensors it runs on Triton or the reference.
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+  m.impl("process_logits", &process_logits);
+  m.impl("rejection_sample_logits", &rejection_sample_logits);
+  m.impl("rejection_sample_logits_packed", &rejection_sample_logits_packed);
+}
+#endif
 
 }  // namespace specdec

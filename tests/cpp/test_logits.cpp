@@ -1,0 +1,159 @@
+// Host-side tests of the helpers the CPU and CUDA logits kernels share
+// (csrc/logits/logits_math.h, logits_params.h). No torch needed.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "check.h"
+#include "logits/logits_math.h"
+#include "logits/logits_params.h"
+
+using namespace specdec;
+
+static void test_logit_value_sanitizes() {
+  CHECK(logit_value(NAN) == -INFINITY);
+  CHECK(logit_value(INFINITY) == FLT_MAX);
+  CHECK(logit_value(-INFINITY) == -INFINITY);
+  CHECK(logit_value(1.5f) == 1.5f);
+}
+
+static void test_order_key_preserves_order() {
+  const float values[] = {-INFINITY, -FLT_MAX, -3.5f, -1.f, -1e-30f, -0.f, 0.f, 1e-30f, 2.f, FLT_MAX, INFINITY};
+  for (size_t i = 0; i + 1 < sizeof(values) / sizeof(values[0]); ++i) {
+    if (values[i] == values[i + 1]) {
+      CHECK(order_key(values[i]) == order_key(values[i + 1]));  // -0.0 and +0.0
+    } else {
+      CHECK(order_key(values[i]) < order_key(values[i + 1]));
+    }
+  }
+  std::mt19937 gen(1);
+  std::normal_distribution<float> dist(0.f, 10.f);
+  for (int t = 0; t < 10000; ++t) {
+    const float a = dist(gen), b = dist(gen);
+    CHECK((a < b) == (order_key(a) < order_key(b)));
+  }
+}
+
+static void test_row_sampling_clamps_bad_values() {
+  const float t[] = {-1.f, NAN, INFINITY, 0.5f};
+  const int64_t k[] = {-3, 100, 5, 0};
+  const float p[] = {NAN, 2.f, -0.5f, 0.9f};
+  const float m[] = {-1.f, 1.5f, NAN, 0.1f};
+  const RowSampling s0 = row_sampling(t, k, p, m, 0, 100);
+  CHECK(row_is_greedy(s0) && s0.top_k == 0 && s0.top_p == 1.f && s0.min_p == 0.f);
+  const RowSampling s1 = row_sampling(t, k, p, m, 1, 100);
+  CHECK(row_is_greedy(s1) && s1.top_k == 0 && s1.top_p == 1.f && s1.min_p == 1.f);  // k >= V is off
+  const RowSampling s2 = row_sampling(t, k, p, m, 2, 100);
+  CHECK(s2.temperature == FLT_MAX && s2.top_k == 5 && s2.top_p == 0.f && s2.min_p == 0.f);
+  const RowSampling s3 = row_sampling(t, k, p, m, 3, 100);
+  CHECK(s3.temperature == 0.5f && s3.top_k == 0 && s3.top_p == 0.9f && s3.min_p == 0.1f);
+  CHECK(row_has_filter(s3) && !row_has_filter(row_sampling(nullptr, nullptr, nullptr, nullptr, 0, 100)));
+}
+
+// The full radix select over a vector of values, as the kernels run it (4 passes).
+static uint32_t select_kth(const std::vector<float>& z, int64_t k) {
+  uint32_t prefix = 0;
+  int64_t remaining = k;
+  for (int pass = 0; pass < kRadixPasses; ++pass) {
+    int64_t counts[kRadixBins] = {};
+    for (float v : z)
+      if (radix_match(order_key(v), prefix, pass)) counts[radix_digit(order_key(v), pass)]++;
+    prefix |= radix_pick_count(counts, remaining) << (32 - kRadixBits * (pass + 1));
+  }
+  return prefix;
+}
+
+static uint32_t select_mass(const std::vector<float>& z, double top_p) {
+  double total = 0;
+  for (float v : z) total += std::exp(v);
+  const double target = top_p * total;
+  uint32_t prefix = 0;
+  double above = 0;
+  for (int pass = 0; pass < kRadixPasses; ++pass) {
+    int64_t counts[kRadixBins] = {};
+    double mass[kRadixBins] = {};
+    for (float v : z) {
+      const uint32_t key = order_key(v);
+      if (!radix_match(key, prefix, pass)) continue;
+      counts[radix_digit(key, pass)]++;
+      mass[radix_digit(key, pass)] += std::exp(v);
+    }
+    prefix |= radix_pick_mass(counts, mass, target, above) << (32 - kRadixBits * (pass + 1));
+  }
+  return prefix;
+}
+
+static void test_radix_select_finds_kth_largest_with_ties() {
+  std::mt19937 gen(2);
+  std::uniform_int_distribution<int> small(-20, 0);
+  for (int t = 0; t < 200; ++t) {
+    std::vector<float> z(300);
+    for (float& v : z) v = small(gen) * 0.25f;  // many ties
+    std::vector<float> sorted = z;
+    std::sort(sorted.begin(), sorted.end(), [](float a, float b) { return a > b; });
+    const int64_t k = 1 + t % 299;
+    CHECK(select_kth(z, k) == order_key(sorted[k - 1]));
+  }
+}
+
+static void test_radix_mass_select_is_smallest_reaching_set() {
+  std::mt19937 gen(3);
+  std::normal_distribution<float> dist(0.f, 2.f);
+  for (int t = 0; t < 200; ++t) {
+    std::vector<float> z(257);
+    for (float& v : z) v = -std::fabs(dist(gen));
+    const double top_p = 0.05 + 0.9 * (t / 200.0);
+    const uint32_t tau = select_mass(z, top_p);
+    double total = 0, kept = 0, kept_above = 0;
+    for (float v : z) total += std::exp(v);
+    for (float v : z) {
+      if (order_key(v) >= tau) kept += std::exp(v);
+      if (order_key(v) > tau) kept_above += std::exp(v);
+    }
+    CHECK(kept >= top_p * total * (1 - 1e-12));       // the kept set reaches top_p
+    CHECK(kept_above < top_p * total * (1 + 1e-12));  // dropping the boundary value would not
+  }
+}
+
+static void test_radix_pick_skips_empty_bins() {
+  int64_t counts[kRadixBins] = {};
+  double mass[kRadixBins] = {};
+  counts[10] = 2;
+  counts[3] = 5;
+  mass[3] = 0.5;  // bin 10 holds entries whose exp underflowed
+  double above = 0;
+  CHECK(radix_pick_mass(counts, mass, 0.0, above) == 10u);  // top_p <= 0: the largest value only
+  above = 0;
+  CHECK(radix_pick_mass(counts, mass, 0.4, above) == 3u);
+  above = 0;
+  CHECK(radix_pick_mass(counts, mass, 2.0, above) == 3u);  // out of reach (rounding): the lowest bin
+  int64_t remaining = 3;
+  CHECK(radix_pick_count(counts, remaining) == 3u && remaining == 1);
+}
+
+static void test_request_rows_clamp_bad_lengths() {
+  int64_t lengths[] = {0, 5, 2, 99};
+  LogitsRejectionParams p{};
+  p.lengths = lengths;
+  p.batch = 3;
+  p.max_draft = 4;
+  p.num_draft_rows = 6;
+  p.packed = true;
+  CHECK(logits_request_rows(p, 0).num_drafts == 4);  // 5 drafts clamped to K
+  CHECK(logits_request_rows(p, 1).num_drafts == 0);  // decreasing prefix sums: empty
+  CHECK(logits_request_rows(p, 2).num_drafts == 4 && logits_request_rows(p, 2).target_base == 4);
+}
+
+int main() {
+  test_logit_value_sanitizes();
+  test_order_key_preserves_order();
+  test_row_sampling_clamps_bad_values();
+  test_radix_select_finds_kth_largest_with_ties();
+  test_radix_mass_select_is_smallest_reaching_set();
+  test_radix_pick_skips_empty_bins();
+  test_request_rows_clamp_bad_lengths();
+  TEST_MAIN_END();
+}

@@ -1,0 +1,711 @@
+"""Verification from logits (DESIGN.md §5.7): process_logits against an independent brute-force
+definition (numpy, sorting), every backend against reference.py, the fused ops against
+rejection_sample(process_logits(...)), the samplers against the processed target distribution
+(chi-square), logprobs, and every error path."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+import specdec_ops
+from specdec_ops import reference
+from specdec_ops._checks import SpecDecArgumentError
+from specdec_ops.logits import _TRITON_OPS
+
+from conftest import HAS_TRITON, compile_ahead_of_time
+
+ALPHA = 1e-4  # significance level of every statistical test here
+STAT_DRAWS = 40_000  # requests per statistical test
+F32_MAX = float(np.finfo(np.float32).max)
+
+# Backends that run on CPU tensors here (triton: the interpreter, when its kernels exist).
+BACKENDS = ["cpu", "reference"] + (["triton"] if HAS_TRITON and "rejection_sample_logits" in _TRITON_OPS else [])
+TREE_BACKENDS = ["cpu", "reference"] + (["triton"] if HAS_TRITON and "tree_rejection_sample_logits" in _TRITON_OPS
+                                        else [])
+
+
+# ---------------------------------------------------------------------------------------------- brute force
+
+
+def brute_force_row(row, temperature, top_k, top_p, min_p):
+    """§5.7 written out directly in float64 numpy, with sorting: the test's own definition."""
+    x = np.asarray(row, dtype=np.float64).copy()
+    x[np.isnan(x)] = -np.inf
+    x[x == np.inf] = F32_MAX
+    vocab = x.size
+    if not np.isfinite(x).any():
+        return np.zeros(vocab)
+    if temperature == 0:
+        out = np.zeros(vocab)
+        out[int(np.argmax(x))] = 1.0  # numpy's argmax: the first maximal index
+        return out
+    p = np.exp((x - x.max()) / temperature)
+    p /= p.sum()
+    if 0 < top_k < vocab:
+        kth = np.sort(p)[::-1][top_k - 1]
+        p = np.where(p >= kth, p, 0.0)
+        p /= p.sum()
+    if top_p < 1:
+        for v in np.sort(np.unique(p[p > 0]))[::-1]:  # candidate thresholds, most likely first
+            if p[p >= v].sum() >= top_p:
+                p = np.where(p >= v, p, 0.0)
+                break
+        p /= p.sum()
+    if min_p > 0:
+        p = np.where(p >= min_p * p.max(), p, 0.0)
+        p /= p.sum()
+    return p
+
+
+def brute_force(logits, temperature=None, top_k=None, top_p=None, min_p=None):
+    """[R, ..., V] float64 numpy; the parameters are lists/tensors indexed by dim 0 (or None)."""
+    rows = logits.float().reshape(logits.shape[0], -1, logits.shape[-1]).numpy()
+    out = np.zeros(rows.shape)
+    get = lambda v, r, d: d if v is None else float(v[r])  # noqa: E731
+    for r in range(rows.shape[0]):
+        for j in range(rows.shape[1]):
+            out[r, j] = brute_force_row(rows[r, j], get(temperature, r, 1.0), int(get(top_k, r, 0)),
+                                        get(top_p, r, 1.0), get(min_p, r, 0.0))
+    return out.reshape(logits.shape)
+
+
+def assert_matches_brute_force(probs, expected):
+    probs = probs.double().numpy()
+    assert np.array_equal(probs > 0, expected > 0), np.argwhere((probs > 0) != (expected > 0))[:5]
+    np.testing.assert_allclose(probs, expected, rtol=2e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+def mixed_params(batch, gen, vocab):
+    """Per-request parameters mixing greedy, temperature, top-k, top-p, min-p and combinations."""
+    t = torch.tensor([[1.0, 0.0, 0.7, 1.3, 0.5, 0.9][b % 6] for b in range(batch)])
+    k = torch.tensor([[0, 0, 5, 0, 3, max(1, vocab // 3)][b % 6] for b in range(batch)])
+    p = torch.tensor([[1.0, 0.5, 0.8, 0.6, 1.0, 0.9][b % 6] for b in range(batch)])
+    m = torch.tensor([[0.0, 0.2, 0.05, 0.0, 0.1, 0.02][b % 6] for b in range(batch)])
+    return dict(temperature=t, top_k=k, top_p=p, min_p=m)
+
+
+def make_batch(batch, k, vocab, *, draft_probs=True, dtype=torch.float32, seed=0, scale=2.0, ragged=True):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, k + 1, vocab, generator=g) * scale
+    q = torch.softmax(torch.randn(batch, k, vocab, generator=g), -1)
+    ids = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    # some drafts are the target's argmax so that chains get accepted
+    lucky = torch.rand(batch, k, generator=g) < 0.5
+    ids = torch.where(lucky, logits[:, :k].argmax(-1), ids)
+    n = torch.randint(0, k + 1, (batch,), generator=g) if ragged else torch.full((batch,), k)
+    return dict(target_logits=logits.to(dtype), draft_token_ids=ids, num_draft_tokens=n,
+                draft_probs=q.to(dtype) if draft_probs else None,
+                seeds=torch.randint(0, 2**62, (batch,), generator=g),
+                offsets=torch.randint(0, 2**40, (batch,), generator=g), **mixed_params(batch, g, vocab))
+
+
+def call(args, backend, return_logprobs=True):
+    a = dict(args)
+    return specdec_ops.rejection_sample_logits(a.pop("target_logits"), a.pop("draft_token_ids"),
+                                               a.pop("num_draft_tokens"), a.pop("draft_probs"),
+                                               return_logprobs=return_logprobs, backend=backend, **a)
+
+
+def to_packed(args):
+    p, ids, n, q = args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"], args["draft_probs"]
+    rows, drafts, qrows = [], [], []
+    for b in range(p.shape[0]):
+        nb = int(n[b])
+        rows.append(p[b, : nb + 1])
+        drafts.append(ids[b, :nb])
+        if q is not None:
+            qrows.append(q[b, :nb])
+    cu = torch.zeros(p.shape[0] + 1, dtype=torch.int64)
+    cu[1:] = torch.cumsum(n, 0)
+    out = {k: v for k, v in args.items() if k not in ("target_logits", "draft_token_ids", "num_draft_tokens",
+                                                       "draft_probs")}
+    return dict(out, target_logits=torch.cat(rows), cu_num_draft_tokens=cu, draft_token_ids=torch.cat(drafts),
+                draft_probs=torch.cat(qrows) if q is not None else None)
+
+
+def call_packed(packed, backend, k, return_logprobs=True):
+    a = dict(packed)
+    return specdec_ops.rejection_sample_logits_packed(
+        a.pop("target_logits"), a.pop("cu_num_draft_tokens"), a.pop("draft_token_ids"), a.pop("draft_probs"),
+        max_num_draft_tokens=k, return_logprobs=return_logprobs, backend=backend, **a)
+
+
+def random_tree(batch, nodes, vocab, *, draft_probs=True, dtype=torch.float32, seed=0, scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.full((batch, nodes), -1, dtype=torch.int64)
+    for i in range(1, nodes):
+        parents[:, i] = torch.randint(0, i, (batch,), generator=g)
+    logits = torch.randn(batch, nodes, vocab, generator=g) * scale
+    q = torch.softmax(torch.randn(batch, nodes, vocab, generator=g), -1)
+    tokens = torch.randint(0, vocab, (batch, nodes), generator=g)
+    lucky = torch.rand(batch, nodes, generator=g) < 0.5
+    tokens = torch.where(lucky, torch.gather(logits.argmax(-1), 1, parents.clamp(min=0)), tokens)
+    num_nodes = torch.randint(1, nodes + 1, (batch,), generator=g)
+    parents = torch.where(torch.arange(nodes) < num_nodes[:, None], parents, -1)
+    return dict(target_logits=logits.to(dtype), tree_token_ids=tokens, parents=parents, num_nodes=num_nodes,
+                draft_probs=q.to(dtype) if draft_probs else None,
+                seeds=torch.randint(0, 2**62, (batch,), generator=g),
+                offsets=torch.randint(0, 2**40, (batch,), generator=g), **mixed_params(batch, g, vocab))
+
+
+def call_tree(args, backend, return_logprobs=True):
+    a = dict(args)
+    return specdec_ops.tree_rejection_sample_logits(
+        a.pop("target_logits"), a.pop("tree_token_ids"), a.pop("parents"), a.pop("num_nodes"), a.pop("draft_probs"),
+        return_logprobs=return_logprobs, backend=backend, **a)
+
+
+def assert_same(a, b, logprobs=True):
+    for name in a._fields:
+        x, y = getattr(a, name), getattr(b, name)
+        if name == "logprobs":
+            if logprobs:
+                assert torch.equal(torch.isnan(x), torch.isnan(y)), (x, y)
+                torch.testing.assert_close(x, y, atol=1e-4, rtol=0, equal_nan=True)
+            continue
+        assert x.dtype == y.dtype and torch.equal(x, y), f"{name} differs:\n{x}\n{y}"
+
+
+PARAMS = ("temperature", "top_k", "top_p", "min_p")
+
+
+# ---------------------------------------------------------------------------------------------- process_logits
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_process_logits_matches_brute_force(backend, dtype):
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(12, 2, 40, generator=g) * 3).to(dtype)
+    params = mixed_params(12, g, 40)
+    probs = specdec_ops.process_logits(logits, **params, backend=backend)
+    assert probs.dtype == torch.float32 and probs.shape == logits.shape
+    assert_matches_brute_force(probs, brute_force(logits, **params))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("logits,params,kept", [
+    # top-k: ties at the k-th value are all kept
+    ([3.0, 2.0, 2.0, 2.0, 1.0, 0.0], dict(top_k=2), 4),
+    ([3.0, 2.0, 2.0, 2.0, 1.0, 0.0], dict(top_k=4), 4),
+    ([3.0, 2.0, 2.0, 2.0, 1.0, 0.0], dict(top_k=5), 5),
+    ([0.0, 1.0, 2.0, 3.0], dict(top_k=1), 1),
+    # top-p: probabilities 0.4, 0.2, 0.2, 0.1, 0.1 (ties at the boundary kept)
+    ([math.log(4), math.log(2), math.log(2), 0.0, 0.0], dict(top_p=0.39), 1),
+    ([math.log(4), math.log(2), math.log(2), 0.0, 0.0], dict(top_p=0.5), 3),
+    ([math.log(4), math.log(2), math.log(2), 0.0, 0.0], dict(top_p=0.85), 5),
+    # top-p "one too few": 0.5, 0.3, 0.2 needs all three above 0.8
+    ([math.log(5), math.log(3), math.log(2)], dict(top_p=0.79), 2),
+    ([math.log(5), math.log(3), math.log(2)], dict(top_p=0.81), 3),
+    ([math.log(5), math.log(3), math.log(2)], dict(top_p=0.49), 1),
+    ([math.log(5), math.log(3), math.log(2)], dict(top_p=0.51), 2),
+    # min-p: keeps p >= min_p * max p, ties of the maximum kept
+    ([2.0, 2.0, 1.0, 0.0], dict(min_p=0.5), 2),
+    ([math.log(5), math.log(3), math.log(2)], dict(min_p=0.59), 2),
+    ([math.log(5), math.log(3), math.log(2)], dict(min_p=0.61), 1),
+    ([math.log(5), math.log(3), math.log(2)], dict(min_p=0.39), 3),
+    # order: top-k first (keeps 0.5, 0.3 -> 0.625, 0.375), then top-p 0.6 keeps one
+    ([math.log(5), math.log(3), math.log(2)], dict(top_k=2, top_p=0.6), 1),
+    # ... whereas top-p 0.6 alone needs two
+    ([math.log(5), math.log(3), math.log(2)], dict(top_p=0.6), 2),
+    # min-p after top-p: renormalizing does not move the threshold relative to the maximum
+    ([math.log(5), math.log(3), math.log(2)], dict(top_p=0.9, min_p=0.5), 2),
+])
+def test_process_logits_boundaries(backend, logits, params, kept):
+    x = torch.tensor([logits], dtype=torch.float32)
+    tensors = {k: torch.tensor([v]) for k, v in params.items()}
+    probs = specdec_ops.process_logits(x, **tensors, backend=backend)
+    assert int((probs > 0).sum()) == kept, probs
+    assert_matches_brute_force(probs, brute_force(x, **tensors))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_process_logits_special_values_and_greedy(backend):
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([
+        [1.0, nan, 3.0, -inf, 3.0],        # NaN counts as -inf; greedy picks the first of the tied maxima
+        [-inf, -inf, nan, -inf, -inf],     # no finite logit: no mass
+        [0.0, inf, 1.0, inf, -inf],        # +inf entries share the mass
+        [5.0, 1.0, 2.0, 3.0, 4.0],         # temperature 0 ignores the filters
+    ])
+    t = torch.tensor([0.0, 1.0, 0.5, 0.0])
+    k = torch.tensor([0, 2, 0, 1])
+    probs = specdec_ops.process_logits(x, temperature=t, top_k=k, backend=backend)
+    expected = torch.tensor([[0, 0, 1, 0, 0], [0, 0, 0, 0, 0], [0, 0.5, 0, 0.5, 0], [1, 0, 0, 0, 0]],
+                            dtype=torch.float32)
+    torch.testing.assert_close(probs, expected)
+    assert_matches_brute_force(probs, brute_force(x, temperature=t, top_k=k))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_process_logits_scalars_mean_every_row(backend):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 4, 30, generator=g)
+    a = specdec_ops.process_logits(x, temperature=0.6, top_k=7, top_p=0.9, min_p=0.01, backend=backend)
+    b = specdec_ops.process_logits(x, temperature=torch.full((3,), 0.6), top_k=torch.full((3,), 7),
+                                   top_p=torch.full((3,), 0.9), min_p=torch.full((3,), 0.01), backend=backend)
+    assert torch.equal(a, b)
+    assert torch.equal(specdec_ops.process_logits(x, backend=backend),
+                       specdec_ops.process_logits(x, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                                  backend=backend))
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 255, 256, 257, 1024, 1025, 8193])
+def test_process_logits_tile_boundary_vocab_sizes(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(6, vocab, generator=g) * 4
+    params = mixed_params(6, g, vocab)
+    expected = brute_force(x, **params)
+    for backend in BACKENDS:
+        assert_matches_brute_force(specdec_ops.process_logits(x, **params, backend=backend), expected)
+
+
+def test_process_logits_bf16_ties_at_top_k_boundary():
+    # bfloat16 logits tie often: every backend keeps all entries equal to the k-th value.
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-4, 5, (8, 200), generator=g).to(torch.bfloat16) * 0.5
+    params = dict(top_k=torch.arange(1, 9) * 7, top_p=torch.linspace(0.3, 1.0, 8))
+    expected = brute_force(x, **params)
+    for backend in BACKENDS:
+        assert_matches_brute_force(specdec_ops.process_logits(x, **params, backend=backend), expected)
+
+
+# ---------------------------------------------------------------------------------------------- backends agree
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "reference"])
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("vocab", [5, 257, 1025])
+def test_backend_matches_reference(backend, draft_probs, vocab):
+    args = make_batch(12, 3, vocab, draft_probs=draft_probs, seed=vocab)
+    assert_same(call(args, backend), call(args, "reference"))
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "reference"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits(backend, dtype):
+    args = make_batch(12, 3, 100, seed=7, dtype=dtype)
+    assert_same(call(args, backend), call(args, "reference"))
+    # float32 draft probabilities with half-precision logits are read as they are
+    args["draft_probs"] = args["draft_probs"].float()
+    assert_same(call(args, backend), call(args, "reference"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_equals_rejection_sample_of_processed_logits(backend, draft_probs):
+    """The contract of §5.7: the fused op is rejection_sample(process_logits(...)) for the same seeds."""
+    args = make_batch(24, 4, 64, draft_probs=draft_probs, seed=11)
+    fused = call(args, backend)
+    probs = specdec_ops.process_logits(args["target_logits"], *(args[n] for n in PARAMS), backend="cpu")
+    plain = specdec_ops.rejection_sample(probs, args["draft_token_ids"], args["num_draft_tokens"],
+                                         args["draft_probs"], seeds=args["seeds"], offsets=args["offsets"],
+                                         greedy=args["temperature"] == 0, backend="cpu")
+    assert torch.equal(fused.token_ids, plain.token_ids) and torch.equal(fused.num_accepted, plain.num_accepted)
+    assert int(fused.num_accepted.sum()) > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_packed_equals_padded_and_processed(backend, draft_probs):
+    args = make_batch(10, 4, 50, draft_probs=draft_probs, seed=13)
+    padded = call(args, backend)
+    packed_args = to_packed(args)
+    packed = call_packed(packed_args, backend, k=4)
+    assert_same(padded, packed)
+    counts = args["num_draft_tokens"] + 1
+    row_params = [torch.repeat_interleave(args[n], counts) for n in PARAMS]
+    probs = specdec_ops.process_logits(packed_args["target_logits"], *row_params, backend="cpu")
+    plain = specdec_ops.rejection_sample_packed(probs, packed_args["cu_num_draft_tokens"],
+                                                packed_args["draft_token_ids"], packed_args["draft_probs"],
+                                                seeds=args["seeds"], offsets=args["offsets"],
+                                                greedy=args["temperature"] == 0, max_num_draft_tokens=4,
+                                                backend="cpu")
+    assert torch.equal(packed.token_ids, plain.token_ids)
+
+
+@pytest.mark.parametrize("backend", TREE_BACKENDS)
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_tree_equals_tree_rejection_sample_of_processed_logits(backend, draft_probs):
+    case = random_tree(12, 9, 40, draft_probs=draft_probs, seed=17)
+    fused = call_tree(case, backend)
+    probs = specdec_ops.process_logits(case["target_logits"], *(case[n] for n in PARAMS), backend="cpu")
+    plain = specdec_ops.tree_rejection_sample(probs, case["tree_token_ids"], case["parents"], case["num_nodes"],
+                                              case["draft_probs"], seeds=case["seeds"], offsets=case["offsets"],
+                                              greedy=case["temperature"] == 0, backend="cpu")
+    for name in ("token_ids", "accepted_path", "num_accepted"):
+        assert torch.equal(getattr(fused, name), getattr(plain, name)), name
+    assert int(fused.num_accepted.sum()) > 0
+    if backend != "reference":
+        assert_same(fused, call_tree(case, "reference"))
+
+
+@pytest.mark.parametrize("backend", [b for b in TREE_BACKENDS if b != "reference"])
+def test_tree_half_precision_and_float32_draft(backend):
+    case = random_tree(8, 7, 64, seed=19, dtype=torch.bfloat16)
+    assert_same(call_tree(case, backend), call_tree(case, "reference"))
+    case["draft_probs"] = case["draft_probs"].float()
+    assert_same(call_tree(case, backend), call_tree(case, "reference"))
+
+
+# ---------------------------------------------------------------------------------------------- logprobs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logprobs_are_log_of_processed_target_at_emitted_tokens(backend):
+    args = make_batch(12, 3, 60, seed=23)
+    out = call(args, backend)
+    probs = brute_force(args["target_logits"], *(args[n] for n in PARAMS))
+    raw = torch.log_softmax(args["target_logits"].double(), -1)
+    for b in range(12):
+        k = int(out.num_accepted[b])
+        for i in range(4):
+            t = int(out.token_ids[b, i])
+            if i > k:
+                assert t == -1 and math.isnan(float(out.logprobs[b, i]))
+                continue
+            want = float(raw[b, i, t]) if float(args["temperature"][b]) == 0 else math.log(probs[b, i, t])
+            assert abs(float(out.logprobs[b, i]) - want) < 1e-4, (b, i, float(out.logprobs[b, i]), want)
+
+
+def test_return_logprobs_false_gives_none_and_same_tokens():
+    args = make_batch(6, 3, 30, seed=29)
+    with_lp, without = call(args, "cpu"), call(args, "cpu", return_logprobs=False)
+    assert without.logprobs is None
+    assert torch.equal(with_lp.token_ids, without.token_ids)
+    case = random_tree(4, 5, 30, seed=29)
+    assert call_tree(case, "cpu", return_logprobs=False).logprobs is None
+
+
+# ---------------------------------------------------------------------------------------------- greedy
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_requests_walk_the_raw_argmax_in_a_mixed_batch(backend):
+    args = make_batch(12, 4, 40, seed=31, ragged=False)
+    args["target_logits"][1, :, 3:5] = 10.0  # ties at the top of a greedy request: the first index wins
+    args["top_k"][:] = 1  # ignored by greedy requests
+    out = call(args, backend)
+    argmax = args["target_logits"].argmax(-1)
+    for b in range(12):
+        if float(args["temperature"][b]) != 0:
+            continue
+        k = 0
+        while k < 4 and int(args["draft_token_ids"][b, k]) == int(argmax[b, k]):
+            k += 1
+        assert int(out.num_accepted[b]) == k
+        assert out.token_ids[b, : k + 1].tolist() == args["draft_token_ids"][b, :k].tolist() + [int(argmax[b, k])]
+
+
+def test_request_result_independent_of_batch_composition():
+    args = make_batch(8, 3, 50, seed=37)
+    full = call(args, "cpu")
+    perm = torch.randperm(8, generator=torch.Generator().manual_seed(0))
+    permuted = {k: (v[perm] if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    out = call(permuted, "cpu")
+    assert torch.equal(out.token_ids, full.token_ids[perm])
+    assert torch.equal(out.logprobs.isnan(), full.logprobs[perm].isnan())
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+FILTERS = {
+    "temperature": dict(temperature=0.7),
+    "top_k": dict(top_k=4),
+    "top_p": dict(top_p=0.8),
+    "min_p": dict(min_p=0.1),
+    "combined": dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.05),
+}
+
+
+def _stat_logits(rows, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g) * 1.5
+    logits[:, 3] = float("-inf")  # a token of zero probability must never appear
+    logits[:, 5] = float("nan")
+    return logits
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("filt", list(FILTERS))
+def test_chain_emits_processed_target_at_every_position(filt, draft_probs):
+    """Chi-square at alpha = 1e-4 with 40,000 requests (K = 2, V = 12): at every position k, among
+    the requests that reach k, the emitted token ~ the processed target of row k, computed by the
+    brute-force definition above."""
+    vocab, k, batch = 12, 2, STAT_DRAWS
+    logits1 = _stat_logits(k + 1, vocab, seed=list(FILTERS).index(filt) * 2 + draft_probs)
+    params = FILTERS[filt]
+    expected = brute_force(logits1[None], **{n: [v] for n, v in params.items()})[0]  # [K+1, V]
+    g = torch.Generator().manual_seed(7)
+    if draft_probs:
+        q = torch.softmax(torch.randn(k, vocab, generator=g), -1)
+        drafts = torch.stack([torch.multinomial(q[j], batch, replacement=True, generator=g) for j in range(k)], 1)
+        qs = q.expand(batch, k, vocab).contiguous()
+    else:
+        # one-hot drafts: the most likely token at position 0, a filtered-out token at position 1
+        drafts = torch.tensor([[int(np.argmax(expected[0])), int(np.argmin(expected[1]))]]).expand(batch, k)
+        qs = None
+    out = specdec_ops.rejection_sample_logits(
+        logits1.expand(batch, k + 1, vocab).contiguous(), drafts.contiguous(), torch.full((batch,), k), qs,
+        **params, seeds=torch.arange(batch, dtype=torch.int64) * 7919 + 1,
+        offsets=torch.full((batch,), 3, dtype=torch.int64), backend="cpu")
+    tokens, acc = out.token_ids, out.num_accepted
+    tested = 0
+    for pos in range(k + 1):
+        reached = acc >= pos
+        counts = torch.bincount(tokens[reached, pos], minlength=vocab).double().numpy()
+        support = expected[pos] > 0
+        assert counts[~support].sum() == 0, (pos, counts, expected[pos])
+        if reached.sum() < 500:
+            continue
+        exp_counts = expected[pos][support] * counts.sum()
+        if support.sum() > 1:
+            assert scipy.stats.chisquare(counts[support], exp_counts).pvalue > ALPHA, (pos, counts, expected[pos])
+        tested += 1
+    assert tested >= 2
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("filt", list(FILTERS))
+def test_tree_emits_processed_target_at_every_node(filt, draft_probs):
+    """Chi-square at alpha = 1e-4 with 40,000 requests on a fixed tree (branching 2, depth 2, V = 10):
+    for every node u reached >= 500 times, the token emitted after u ~ the processed target of u."""
+    parents1 = torch.tensor([-1, 0, 0, 1, 1, 2, 2])
+    nodes, vocab, batch = 7, 10, STAT_DRAWS
+    logits1 = _stat_logits(nodes, vocab, seed=list(FILTERS).index(filt) * 2 + 10 + draft_probs)
+    params = FILTERS[filt]
+    expected = brute_force(logits1[None], **{n: [v] for n, v in params.items()})[0]  # [N, V]
+    g = torch.Generator().manual_seed(9)
+    if draft_probs:
+        q1 = torch.softmax(torch.randn(nodes, vocab, generator=g), -1)
+        picks = torch.multinomial(q1[parents1[1:]], batch, replacement=True, generator=g)  # [N-1, B]
+        tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.int64), picks.T], 1)
+        qs = q1.expand(batch, -1, -1).contiguous()
+    else:
+        tokens1 = torch.zeros(nodes, dtype=torch.int64)
+        for u in range(nodes):
+            children = [c for c in range(1, nodes) if int(parents1[c]) == u]
+            order = np.argsort(-expected[u], kind="stable")
+            tokens1[children] = torch.tensor(order[: len(children)].copy())  # the two most likely tokens
+        tokens = tokens1.repeat(batch, 1)
+        qs = None
+    out = specdec_ops.tree_rejection_sample_logits(
+        logits1.expand(batch, -1, -1).contiguous(), tokens, parents1.repeat(batch, 1), None, qs, **params,
+        seeds=torch.arange(batch, dtype=torch.int64) * 104729 + 5, offsets=torch.zeros(batch, dtype=torch.int64),
+        backend="cpu")
+    path, toks = out.accepted_path.long(), out.token_ids
+    tested = 0
+    for u in range(nodes):
+        emitted = toks[(path >= 0) & (path == u)]
+        if emitted.numel() < 500:
+            continue
+        counts = torch.bincount(emitted, minlength=vocab).double().numpy()
+        support = expected[u] > 0
+        assert counts[~support].sum() == 0, (u, counts, expected[u])
+        if support.sum() > 1:
+            assert scipy.stats.chisquare(counts[support], expected[u][support] * counts.sum()).pvalue > ALPHA, \
+                (u, counts, expected[u])
+        tested += 1
+    assert tested >= 3
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("name,value", [
+    ("temperature", -0.5), ("temperature", float("nan")), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5),
+    ("top_p", float("nan")), ("min_p", 1.0), ("min_p", -0.1), ("min_p", float("nan")),
+])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["scalar", "tensor"])
+def test_bad_parameter_values_raise_naming_the_argument(name, value, backend, as_tensor):
+    args = make_batch(3, 2, 10, seed=41)
+    if as_tensor:
+        v = args[name].clone()
+        v[1] = value
+    else:
+        v = value
+    args[name] = v
+    with pytest.raises(SpecDecArgumentError, match=name):
+        call(args, backend)
+    with pytest.raises(SpecDecArgumentError, match=name):
+        specdec_ops.process_logits(args["target_logits"], **{n: args[n] for n in PARAMS}, backend=backend)
+    case = random_tree(3, 4, 10, seed=41)
+    case[name] = v
+    with pytest.raises(SpecDecArgumentError, match=name):
+        call_tree(case, backend)
+
+
+@pytest.mark.parametrize("name,value", [
+    ("temperature", torch.ones(4)), ("temperature", torch.ones(3, dtype=torch.int64)),
+    ("top_k", torch.ones(3)), ("top_k", torch.ones(2, dtype=torch.int64)), ("top_k", 2.5),
+    ("top_p", torch.ones(3, 1)), ("min_p", torch.zeros(3, dtype=torch.int32)),
+    ("target_logits", torch.zeros(3, 3, 10, dtype=torch.float64)), ("target_logits", torch.zeros(3, 10)),
+    ("draft_token_ids", torch.zeros(3, 3, dtype=torch.int64)), ("num_draft_tokens", torch.zeros(3)),
+    ("draft_probs", torch.zeros(3, 2, 11)), ("seeds", torch.zeros(2, dtype=torch.int64)),
+])
+def test_bad_shapes_and_dtypes_name_the_argument(name, value):
+    args = make_batch(3, 2, 10, seed=43)
+    args[name] = value
+    with pytest.raises(SpecDecArgumentError, match=name):
+        call(args, "cpu")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_index_values_raise_on_cpu(backend):
+    args = make_batch(3, 2, 10, seed=47, ragged=False)
+    bad = dict(args, draft_token_ids=args["draft_token_ids"].clone())
+    bad["draft_token_ids"][1, 1] = 10
+    with pytest.raises(SpecDecArgumentError, match="draft_token_ids"):
+        call(bad, backend)
+    with pytest.raises(SpecDecArgumentError, match="num_draft_tokens"):
+        call(dict(args, num_draft_tokens=torch.tensor([0, 3, 1])), backend)
+    packed = to_packed(args)
+    with pytest.raises(SpecDecArgumentError, match="cu_num_draft_tokens"):
+        call_packed(dict(packed, cu_num_draft_tokens=torch.tensor([0, 2, 1, 6])), backend, k=2)
+    if backend not in TREE_BACKENDS:
+        return
+    case = random_tree(2, 4, 10, seed=47)
+    case["parents"] = torch.tensor([[-1, 0, 2, 1], [-1, 0, 0, 0]])
+    case["num_nodes"] = None
+    with pytest.raises(SpecDecArgumentError, match="parents"):
+        call_tree(case, backend)
+
+
+def test_op_level_parameter_checks_raise_value_error():
+    args = make_batch(2, 2, 10, seed=53)
+    with pytest.raises(ValueError, match="top_p"):
+        torch.ops.specdec.rejection_sample_logits.default(
+            args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"], None, None, None,
+            torch.tensor([0.5, 2.0]), None, args["seeds"], args["offsets"], False)
+
+
+# ---------------------------------------------------------------------------------------------- torch.library
+
+
+def _op_samples():
+    """(op, args) pairs. opcheck compares outputs without equal_nan, so the samples returning
+    logprobs have no padding (K = 0, a root-only tree); the others cover drafts and trees."""
+    samples = []
+    for k, lp in ((2, False), (0, True)):
+        args = make_batch(3, k, 12, seed=1, ragged=False)
+        params = tuple(args[n] for n in PARAMS)
+        samples.append(("process_logits", (args["target_logits"], *params)))
+        samples.append(("rejection_sample_logits", (args["target_logits"], args["draft_token_ids"],
+                                                    args["num_draft_tokens"], args["draft_probs"], *params,
+                                                    args["seeds"], args["offsets"], lp)))
+        packed = to_packed(args)
+        samples.append(("rejection_sample_logits_packed", (packed["target_logits"], packed["cu_num_draft_tokens"],
+                                                           packed["draft_token_ids"], None, *params, args["seeds"],
+                                                           args["offsets"], lp, k)))
+    for nodes, lp in ((4, False), (1, True)):
+        case = random_tree(3, nodes, 12, seed=1)
+        samples.append(("tree_rejection_sample_logits", (
+            case["target_logits"], case["tree_token_ids"], case["parents"], case["num_nodes"], case["draft_probs"],
+            *(case[n] for n in PARAMS), case["seeds"], case["offsets"], lp)))
+    return samples
+
+
+@pytest.mark.parametrize("suffix", ["", "_triton"])
+def test_opcheck(suffix):
+    if suffix and "process_logits" not in _TRITON_OPS:
+        pytest.skip("no Triton kernels for the logits ops in this build")
+    for op, args in _op_samples():
+        if suffix and op not in _TRITON_OPS:
+            continue
+        torch.library.opcheck(getattr(torch.ops.specdec, op + suffix).default, args)
+
+
+def test_torch_compile_fullgraph():
+    args = make_batch(4, 3, 32, seed=2)
+
+    @torch.compile(fullgraph=True)
+    def step(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p, min_p, seeds,
+             offsets):
+        out = specdec_ops.rejection_sample_logits(target_logits, draft_token_ids, num_draft_tokens, draft_probs,
+                                                  temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                                  seeds=seeds, offsets=offsets, return_logprobs=True)
+        probs = specdec_ops.process_logits(target_logits, temperature, top_k, top_p, min_p)
+        return out.token_ids, out.num_accepted, out.logprobs, probs
+
+    ids, n, lp, probs = step(**args)
+    eager = call(args, "cpu")
+    assert torch.equal(ids, eager.token_ids) and torch.equal(n, eager.num_accepted)
+    torch.testing.assert_close(lp, eager.logprobs, equal_nan=True)
+    assert torch.equal(probs, specdec_ops.process_logits(args["target_logits"], *(args[n] for n in PARAMS)))
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_triton_kernels_compile_for_sm90_without_a_gpu():
+    """The interpreter does not run Triton's code generator: compile every variant of the logits
+    kernels to sm_90 ahead of time, so what only the real compiler rejects fails here."""
+    compile_ahead_of_time("aot_logits_kernel.py")
+
+
+# ---------------------------------------------------------------------------------------------- CUDA (skipped here)
+
+
+def _to(args, device):
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("vocab", [7, 1025, 8193, 151936])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_equals_cpu(draft_probs, vocab, dtype):
+    args = make_batch(24, 4, vocab, draft_probs=draft_probs, dtype=dtype, seed=vocab)
+    cpu = call(args, "cpu")
+    gpu_backends = ["cuda"] + (["triton"] if "rejection_sample_logits" in _TRITON_OPS else [])
+    for backend in gpu_backends:
+        gpu = call(_to(args, "cuda"), backend)
+        # rare floating-point near-ties (sums in another order, expf ulps) may differ
+        same = (gpu.token_ids.cpu() == cpu.token_ids).all(-1).float().mean()
+        assert same >= 0.95, backend
+        both = (gpu.token_ids.cpu() == cpu.token_ids) & (cpu.token_ids >= 0)
+        torch.testing.assert_close(gpu.logprobs.cpu()[both], cpu.logprobs[both], atol=1e-4, rtol=0)
+        packed = call_packed(_to(to_packed(args), "cuda"), backend, k=4)
+        assert torch.equal(packed.token_ids, gpu.token_ids)
+        probs = specdec_ops.process_logits(args["target_logits"].cuda(), *(args[n].cuda() for n in PARAMS),
+                                           backend=backend)
+        ref = specdec_ops.process_logits(args["target_logits"], *(args[n] for n in PARAMS), backend="cpu")
+        torch.testing.assert_close(probs.cpu(), ref, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.cuda
+def test_cuda_bad_values_are_clamped_safely():
+    args = make_batch(6, 3, 50, seed=3)
+    args["temperature"] = torch.tensor([-1.0, float("nan"), float("inf"), 0.5, 1.0, 1.0])
+    args["top_k"] = torch.tensor([-5, 10**6, 3, 0, 0, 0])
+    args["top_p"] = torch.tensor([float("nan"), 2.0, -1.0, 0.0, 1.0, 1.0])
+    args["min_p"] = torch.tensor([-1.0, 5.0, float("nan"), 0.0, 0.0, 1.0])
+    args["draft_token_ids"][0, 0] = 10**9
+    args["num_draft_tokens"] = torch.tensor([3, 3, 99, -2, 1, 1])
+    for backend in ["cuda"] + (["triton"] if "rejection_sample_logits" in _TRITON_OPS else []):
+        out = call(_to(args, "cuda"), backend)
+        torch.cuda.synchronize()
+        t = out.token_ids.cpu()
+        assert ((t == -1) | ((t >= 0) & (t < 50))).all()
+        assert int(out.num_accepted[0]) <= 3
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_and_replay():
+    args = _to(make_batch(8, 4, 1000, seed=4), "cuda")
+    call(args, "cuda")  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(args, "cuda")
+    for _ in range(3):
+        args["offsets"].add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.token_ids, call(args, "cuda").token_ids)

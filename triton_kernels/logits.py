@@ -1,0 +1,489 @@
+"""Verification from logits in Triton (DESIGN.md §5.7): the arithmetic of
+csrc/logits/logits_math.h and the random numbers of csrc/common/philox.h.
+
+A row's processed distribution is never written: `row_stats` reads the logits and
+returns (max, first argmax, kept-key threshold tau, kept mass S); an entry's
+probability is then e / S with e = exp((x - max) / T) on the kept set {key >= tau}.
+Thresholds come from a radix select over the order-preserving keys of z = (x - max) / T,
+4 bits per pass (8 passes; a 16-bin count or mass histogram per tile as a one-hot
+reduction), never a sort. Rows without filters take two passes (max, then the sum of
+e). One program per request (process_logits: per row); chain verification walks its
+rows in order and stops at the first rejection.
+"""
+
+import triton
+import triton.language as tl
+
+from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits
+
+F32_MAX = tl.constexpr(3.4028234663852886e38)
+RADIX_BITS = tl.constexpr(4)
+RADIX_BINS = tl.constexpr(16)
+RADIX_PASSES = tl.constexpr(8)
+
+
+@triton.jit
+def logit_value(l):
+    """NaN -> -inf, +inf -> the largest float32."""
+    l = tl.where(l != l, float("-inf"), l)
+    return tl.where(l > F32_MAX, F32_MAX, l)
+
+
+@triton.jit
+def order_key(z):
+    """Order-preserving keys (int64 holding the uint32 values of logits_math.h order_key) of float32 z.
+
+    In int32: negative floats flip their 31 low bits (then signed order is float order), -0.0 is +0.0;
+    adding 2^31 gives the unsigned key."""
+    bits = tl.where(z == 0.0, 0, z.to(tl.int32, bitcast=True))
+    signed = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return signed.to(tl.int64) + 2147483647 + 1
+
+
+@triton.jit
+def load_row(row_ptr, idx, inside):
+    return logit_value(tl.load(row_ptr + idx, mask=inside, other=float("-inf")).to(tl.float32))
+
+
+@triton.jit
+def scaled(x, m, temperature):
+    return tl.math.div_rn(x - m, temperature)
+
+
+@triton.jit
+def row_max(row_ptr, vocab, BLOCK: tl.constexpr):
+    """(max x, first index of the max) of a row of sanitized logits (index 0 without a finite logit)."""
+    best = tl.full([], float("-inf"), tl.float32)
+    best_index = tl.full([], 0, tl.int64)
+    for start in range(0, vocab, BLOCK):
+        idx = start + tl.arange(0, BLOCK).to(tl.int64)
+        inside = idx < vocab
+        x = load_row(row_ptr, idx, inside)
+        tile_best = tl.max(x, 0)
+        tile_index = tl.min(tl.where(inside & (x == tile_best), idx, 0x7FFFFFFFFFFFFFFF), 0)
+        better = tile_best > best
+        best_index = tl.where(better, tile_index, best_index)
+        best = tl.where(better, tile_best, best)
+    return best, best_index
+
+
+@triton.jit
+def radix_select(row_ptr, vocab, m, temperature, floor_key, goal, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """Threshold key over the entries with key >= floor_key: by count, the key of the goal-th largest;
+    by mass, the largest key v with sum_{key >= v} e >= goal (logits_math.h radix_pick_count /
+    radix_pick_mass, 4 bits per pass). Bins are chosen from the top; empty bins never win."""
+    bins = tl.arange(0, RADIX_BINS).to(tl.int64)
+    prefix = tl.full([], 0, tl.int64)
+    remaining = goal  # by count: rank inside the current prefix; by mass: the target mass
+    above = tl.full([], 0.0, tl.float32)
+    for p in tl.static_range(RADIX_PASSES):
+        shift = 32 - RADIX_BITS * (p + 1)
+        counts = tl.zeros([RADIX_BINS], tl.float32)
+        masses = tl.zeros([RADIX_BINS], tl.float32)
+        for start in range(0, vocab, BLOCK):
+            idx = start + tl.arange(0, BLOCK).to(tl.int64)
+            inside = idx < vocab
+            z = scaled(load_row(row_ptr, idx, inside), m, temperature)
+            key = order_key(z)
+            match = inside & (key >= floor_key) & ((key >> (shift + RADIX_BITS)) == (prefix >> (shift + RADIX_BITS)))
+            digit = (key >> shift) & (RADIX_BINS - 1)
+            onehot = match[:, None] & (digit[:, None] == bins[None, :])
+            counts += tl.sum(onehot.to(tl.float32), 0)
+            masses += tl.sum(tl.where(onehot, tl.exp(z)[:, None], 0.0), 0)
+        if BY_MASS:
+            weight = masses
+        else:
+            weight = counts
+        # inclusive sums from the top: weight of the candidates in bins >= d
+        from_top = tl.sum(weight) - tl.cumsum(weight, 0) + weight
+        reach = (counts > 0) & ((above + from_top) >= remaining)
+        nonempty = counts > 0
+        d = tl.max(tl.where(reach, bins, -1), 0)
+        lowest = tl.min(tl.where(nonempty, bins, RADIX_BINS), 0)
+        d = tl.where(d >= 0, d, tl.where(lowest < RADIX_BINS, lowest, 0))
+        skipped = tl.sum(tl.where(bins > d, weight, 0.0))
+        if BY_MASS:
+            above = above + skipped
+        else:
+            remaining = tl.maximum(remaining - skipped, 1.0)
+        prefix = prefix | (d << shift)
+    return prefix
+
+
+@triton.jit
+def row_stats(row_ptr, vocab, temperature, top_k, top_p, min_p, BLOCK: tl.constexpr):
+    """(m, argmax, tau, total) of a row (logits_math.h). Greedy (temperature 0) and rows without a
+    finite logit stop after the max; total is then 0."""
+    m, argmax = row_max(row_ptr, vocab, BLOCK)
+    tau = tl.full([], 0, tl.int64)
+    total = tl.full([], 0.0, tl.float32)
+    has_mass = m > float("-inf")
+    if temperature > 0 and has_mass:
+        if top_k > 0:
+            tau = radix_select(row_ptr, vocab, m, temperature, tau, top_k.to(tl.float32), False, BLOCK)
+        if top_p < 1.0:
+            kept_mass = tl.full([], 0.0, tl.float32)
+            for start in range(0, vocab, BLOCK):
+                idx = start + tl.arange(0, BLOCK).to(tl.int64)
+                inside = idx < vocab
+                z = scaled(load_row(row_ptr, idx, inside), m, temperature)
+                kept_mass += tl.sum(tl.where(inside & (order_key(z) >= tau), tl.exp(z), 0.0))
+            tau = tl.maximum(tau, radix_select(row_ptr, vocab, m, temperature, tau, top_p * kept_mass, True, BLOCK))
+        if min_p > 0.0:
+            tau = tl.maximum(tau, order_key(tl.log(min_p)))
+        for start in range(0, vocab, BLOCK):
+            idx = start + tl.arange(0, BLOCK).to(tl.int64)
+            inside = idx < vocab
+            z = scaled(load_row(row_ptr, idx, inside), m, temperature)
+            total += tl.sum(tl.where(inside & (order_key(z) >= tau), tl.exp(z), 0.0))
+    return m, argmax, tau, total
+
+
+@triton.jit
+def sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, r, vocab, HAS_T: tl.constexpr,
+                    HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr):
+    """row_sampling of logits_math.h: the documented clamps of bad values."""
+    t = tl.full([], 1.0, tl.float32)
+    k = tl.full([], 0, tl.int64)
+    p = tl.full([], 1.0, tl.float32)
+    mp = tl.full([], 0.0, tl.float32)
+    if HAS_T:
+        t = tl.load(temperature_ptr + r)
+    if HAS_K:
+        k = tl.load(top_k_ptr + r)
+    if HAS_P:
+        p = tl.load(top_p_ptr + r)
+    if HAS_MIN_P:
+        mp = tl.load(min_p_ptr + r)
+    t = tl.where(t > 0, tl.minimum(t, F32_MAX), 0.0)
+    k = tl.where((k > 0) & (k < vocab), k, 0)
+    p = tl.where(p < 1.0, tl.maximum(p, 0.0), 1.0)
+    mp = tl.where(mp > 0.0, tl.minimum(mp, 1.0), 0.0)
+    return t, k, p, mp
+
+
+@triton.jit
+def entry_prob(x, m, temperature, tau, total):
+    """p of entries with sanitized logits x (0 off the kept set or without mass)."""
+    z = scaled(x, m, temperature)
+    kept = order_key(z) >= tau
+    prob = tl.where(kept, tl.math.div_rn(tl.exp(z), tl.maximum(total, 1e-30)), 0.0)
+    return tl.where(total > 0, prob, 0.0)
+
+
+@triton.jit
+def token_logprob(row_ptr, token, vocab, m, argmax, temperature, tau, total, BLOCK: tl.constexpr):
+    """log p(token) under the row's processed distribution (greedy: log_softmax of the raw logits)."""
+    x = logit_value(tl.load(row_ptr + token).to(tl.float32))
+    if temperature > 0:
+        z = scaled(x, m, temperature)
+        lp = tl.where(order_key(z) >= tau, z - tl.log(total), float("-inf"))
+        lp = tl.where(total > 0, lp, float("-inf"))
+    else:
+        s = tl.full([], 0.0, tl.float32)
+        for start in range(0, vocab, BLOCK):
+            idx = start + tl.arange(0, BLOCK).to(tl.int64)
+            inside = idx < vocab
+            s += tl.sum(tl.where(inside, tl.exp(load_row(row_ptr, idx, inside) - m), 0.0))
+        lp = tl.where(m > float("-inf"), (x - m) - tl.log(s), float("-inf"))
+    return lp
+
+
+@triton.jit
+def tile_argmax_update(score, idx, best, best_index):
+    tile_best = tl.max(score, 0)
+    tile_index = tl.min(tl.where(score == tile_best, idx, 0x7FFFFFFFFFFFFFFF), 0)
+    better = tile_best > best
+    return tl.where(better, tile_best, best), tl.where(better, tile_index, best_index)
+
+
+@triton.jit
+def race_scores(mass, noise, inside):
+    return tl.where(inside, tl.where(mass > 0, tl.math.div_rn(mass, noise), 0.0), -1.0)
+
+
+@triton.jit
+def row_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, tau, total, seed, offset, position,
+             HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+    """Exponential race over max(p - q, 0) when `residual` (p if that has no mass; q one-hot at
+    `draft` without HAS_Q), over p otherwise; p computed from the logits, never stored."""
+    purpose = tl.where(residual, PURPOSE_RESIDUAL, PURPOSE_BONUS)
+    best_p = tl.full([], -1.0, tl.float32)
+    best_p_index = tl.full([], 0, tl.int64)
+    best_r = tl.full([], -1.0, tl.float32)
+    best_r_index = tl.full([], 0, tl.int64)
+    for start in range(0, vocab, BLOCK):
+        idx = start + tl.arange(0, BLOCK).to(tl.int64)
+        inside = idx < vocab
+        mass = entry_prob(load_row(row_ptr, idx, inside), m, temperature, tau, total)
+        if HAS_Q:
+            q = tl.load(q_row_ptr + idx, mask=idx < tl.where(residual, vocab, 0), other=0.0).to(tl.float32)
+            q = tl.where(q > 0, q, 0.0)
+        else:
+            q = tl.where(idx == draft, 1.0, 0.0)
+        noise = tl.where(mass > 0, exp_noise(philox_bits(seed, offset, position, purpose, idx)), 1.0)
+        diff = mass - q
+        best_p, best_p_index = tile_argmax_update(race_scores(mass, noise, inside), idx, best_p, best_p_index)
+        best_r, best_r_index = tile_argmax_update(race_scores(tl.where(diff > 0, diff, 0.0), noise, inside), idx,
+                                                  best_r, best_r_index)
+    return tl.where(residual & (best_r > 0), best_r_index, best_p_index)
+
+
+@triton.jit(do_not_specialize=["rows", "inner", "vocab"])
+def process_logits_kernel(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, probs_ptr, rows, inner,
+                          vocab, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+                          HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr):
+    j = tl.program_id(0).to(tl.int64)
+    t, k, p, mp = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, j // inner, vocab, HAS_T, HAS_K,
+                                  HAS_P, HAS_MIN_P)
+    row_ptr = logits_ptr + j * vocab
+    m, argmax, tau, total = row_stats(row_ptr, vocab, t, k, p, mp, BLOCK)
+    for start in range(0, vocab, BLOCK):
+        idx = start + tl.arange(0, BLOCK).to(tl.int64)
+        inside = idx < vocab
+        if t > 0:
+            prob = entry_prob(load_row(row_ptr, idx, inside), m, t, tau, total)
+        else:
+            prob = tl.where(idx == argmax, 1.0, 0.0) * (m > float("-inf")).to(tl.float32)
+        tl.store(probs_ptr + j * vocab + idx, prob, mask=inside)
+
+
+@triton.jit(do_not_specialize=["vocab", "num_draft_rows"])
+def rejection_sample_logits_kernel(
+    logits_ptr,          # [rows, V] raw logits
+    draft_probs_ptr,     # [draft rows, V] (any valid pointer without HAS_DRAFT_PROBS)
+    draft_ids_ptr,       # int64 [draft rows]
+    lengths_ptr,         # int64: num_draft_tokens [B] (padded) or cu_num_draft_tokens [B+1] (packed)
+    seeds_ptr, offsets_ptr,
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+    token_ids_ptr,       # int64 out [B, K+1]
+    num_accepted_ptr,    # int32 out [B]
+    logprobs_ptr,        # float32 out [B, K+1] (any valid pointer without LOGPROBS)
+    vocab, max_draft, num_draft_rows,
+    PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr,
+    HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr, LOGPROBS: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    if PACKED:
+        lo = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), num_draft_rows)
+        hi = tl.minimum(tl.maximum(tl.load(lengths_ptr + b + 1), lo), num_draft_rows)
+        n = tl.minimum(hi - lo, max_draft)
+        target_base = lo + b
+        draft_base = lo
+    else:
+        n = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), max_draft)
+        target_base = b * (max_draft + 1)
+        draft_base = b * max_draft
+    seed = tl.load(seeds_ptr + b)
+    offset = tl.load(offsets_ptr + b)
+    t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
+                                             HAS_K, HAS_P, HAS_MIN_P)
+    js = tl.arange(0, BLOCK_K).to(tl.int64)
+    lps = tl.full([BLOCK_K], float("nan"), tl.float32)
+
+    k = tl.full([], 0, tl.int64)
+    final = tl.full([], 0, tl.int64)
+    searching = 1
+    while searching != 0:
+        row_ptr = logits_ptr + (target_base + k) * vocab
+        m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK)
+        is_draft = k < n
+        x = tl.load(draft_ids_ptr + draft_base + k, mask=is_draft, other=-1)
+        in_vocab = (x >= 0) & (x < vocab)
+        if t > 0:
+            x_logit = logit_value(tl.load(row_ptr + x, mask=is_draft & in_vocab, other=float("-inf")).to(tl.float32))
+            p_x = entry_prob(x_logit, m, t, tau, total)
+            u = bits_to_uniform(philox_bits(seed, offset, k, PURPOSE_ACCEPT, tl.zeros([1], tl.int64)))
+            u = tl.sum(u, 0)
+            if HAS_DRAFT_PROBS:
+                q_x = tl.load(draft_probs_ptr + (draft_base + k) * vocab + x, mask=is_draft & in_vocab,
+                              other=0.0).to(tl.float32)
+                q_x = tl.where(q_x > 0, q_x, 0.0)
+            else:
+                q_x = 1.0
+            accept = is_draft & in_vocab & (u * q_x < p_x)
+            if accept:
+                token = x
+            else:
+                token = row_race(row_ptr, draft_probs_ptr + (draft_base + k) * vocab, x, is_draft, vocab, m, t, tau,
+                                 total, seed, offset, k, HAS_DRAFT_PROBS, BLOCK)
+        else:
+            accept = is_draft & (x == argmax)
+            token = argmax
+        if LOGPROBS:
+            lp = token_logprob(row_ptr, token, vocab, m, argmax, t, tau, total, BLOCK)
+            lps = tl.where(js == k, lp, lps)
+        if accept:
+            k += 1
+        else:
+            final = token
+            searching = 0
+    kept = tl.load(draft_ids_ptr + draft_base + js, mask=js < k, other=-1)
+    out = tl.where(js < k, kept, tl.where(js == k, final, -1))
+    tl.store(token_ids_ptr + b * (max_draft + 1) + js, out, mask=js <= max_draft)
+    tl.store(num_accepted_ptr + b, k.to(tl.int32))
+    if LOGPROBS:
+        tl.store(logprobs_ptr + b * (max_draft + 1) + js, lps, mask=js <= max_draft)
+
+
+@triton.jit
+def pick(vec, js, j):
+    """vec[j] of a small vector (a reduction: Triton has no dynamic register indexing)."""
+    return tl.sum(tl.where(js == j, vec, tl.zeros_like(vec)), 0)
+
+
+@triton.jit
+def tree_residual(p, q, zs, js, count):
+    """r after `count` committed residual updates with normalizers zs[0 .. count-1]
+    (tree_verify_math.h tree_residual): r = mass(p), then r <- max(r / z_prev - mass(q), 0)."""
+    r = tl.where(p > 0, p, 0.0)
+    qm = tl.where(q > 0, q, 0.0)
+    prev = tl.full([], 1.0, tl.float32)
+    for j in range(0, count):
+        d = tl.math.div_rn(r, prev) - qm
+        r = tl.where(d > 0, d, 0.0)
+        prev = pick(zs, js, j)
+    return r
+
+
+@triton.jit
+def excluded(idx, zeroed, js, count):
+    """Whether each index is among the `count` zeroed tokens (one-hot tree walk)."""
+    out = idx < 0
+    for j in range(0, count):
+        out = out | (idx == pick(zeroed, js, j))
+    return out
+
+
+@triton.jit(do_not_specialize=["vocab", "nodes"])
+def tree_rejection_sample_logits_kernel(
+    logits_ptr,          # [B, N, V] raw logits
+    draft_probs_ptr,     # [B, N, V] (any valid pointer without HAS_DRAFT_PROBS)
+    tokens_ptr,          # int64 [B, N]
+    parents_ptr,         # int64 [B, N]
+    num_nodes_ptr,       # int64 [B] (any valid pointer without HAS_NUM_NODES)
+    seeds_ptr, offsets_ptr,
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+    token_ids_ptr,       # int64 out [B, N]
+    accepted_path_ptr,   # int32 out [B, N]
+    num_accepted_ptr,    # int32 out [B]
+    logprobs_ptr,        # float32 out [B, N] (any valid pointer without LOGPROBS)
+    vocab, nodes,
+    HAS_NUM_NODES: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr,
+    HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr, LOGPROBS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The walk of csrc/tree_verify/tree_verify_math.h on processed rows (csrc/logits/logits_cpu.cpp
+    tree_request): a node's row statistics are computed when the walk enters it."""
+    b = tl.program_id(0).to(tl.int64)
+    n = nodes
+    if HAS_NUM_NODES:
+        n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), nodes)
+    seed = tl.load(seeds_ptr + b)
+    offset = tl.load(offsets_ptr + b)
+    t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
+                                             HAS_K, HAS_P, HAS_MIN_P)
+    js = tl.arange(0, BLOCK_N).to(tl.int64)
+    path = tl.where(js == 0, 0, -1).to(tl.int64)
+    toks = tl.full([BLOCK_N], -1, tl.int64)
+    lps = tl.full([BLOCK_N], float("nan"), tl.float32)
+    zs = tl.zeros([BLOCK_N], tl.float32)          # normalizers Z_1 .. Z_m (draft probs)
+    zeroed = tl.full([BLOCK_N], -1, tl.int64)     # zeroed tokens (one-hot)
+    u = tl.full([], 0, tl.int64)
+    k = tl.full([], 0, tl.int64)
+    count = tl.full([], 0, tl.int64)              # m: committed updates at u
+    rejected = tl.full([], 0, tl.int32)
+    sum_p = tl.full([], 0.0, tl.float32)
+    nonzero = tl.full([], 0, tl.int64)
+    row_ptr = logits_ptr + (b * nodes) * vocab
+    q_row_ptr = draft_probs_ptr + (b * nodes) * vocab
+    m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK)
+    for c in range(1, n):
+        par = tl.load(parents_ptr + b * nodes + c)
+        par = tl.where((par >= 0) & (par < c), par, 0)
+        x = tl.load(tokens_ptr + b * nodes + c)
+        if par == u:
+            in_vocab = (x >= 0) & (x < vocab)
+            xs = tl.minimum(tl.maximum(x, 0), vocab - 1)
+            if t > 0:
+                uc = tl.sum(bits_to_uniform(philox_bits(seed, offset, c - 1, PURPOSE_ACCEPT,
+                                                        tl.zeros([1], tl.int64))), 0)
+                p_x = entry_prob(logit_value(tl.load(row_ptr + xs).to(tl.float32)), m, t, tau, total)
+                if HAS_DRAFT_PROBS:
+                    q_x = tl.load(q_row_ptr + xs).to(tl.float32)
+                    z_m = tl.where(count > 0, pick(zs, js, count - 1), 1.0)
+                    r_x = tree_residual(p_x, q_x, zs, js, count)
+                    accept = in_vocab & (uc * tl.where(q_x > 0, q_x, 0.0) < tl.math.div_rn(r_x, z_m))
+                    if accept == 0:
+                        new_total = tl.full([], 0.0, tl.float32)
+                        for start in range(0, vocab, BLOCK):
+                            idx = start + tl.arange(0, BLOCK).to(tl.int64)
+                            inside = idx < vocab
+                            p = entry_prob(load_row(row_ptr, idx, inside), m, t, tau, total)
+                            q = tl.load(q_row_ptr + idx, mask=inside, other=0.0).to(tl.float32)
+                            r = tree_residual(p, q, zs, js, count)
+                            d = tl.math.div_rn(r, z_m) - tl.where(q > 0, q, 0.0)
+                            new_total += tl.sum(tl.where(inside & (d > 0), d, 0.0), 0)
+                        if new_total > 0:
+                            zs = tl.where(js == count, new_total, zs)
+                            count += 1
+                else:
+                    if rejected == 0:
+                        sum_p = tl.zeros_like(sum_p)
+                        nonzero = tl.zeros_like(nonzero)
+                        for start in range(0, vocab, BLOCK):
+                            idx = start + tl.arange(0, BLOCK).to(tl.int64)
+                            inside = idx < vocab
+                            p = entry_prob(load_row(row_ptr, idx, inside), m, t, tau, total)
+                            sum_p += tl.sum(tl.where(inside, p, 0.0), 0)
+                            nonzero += tl.sum((inside & (p > 0)).to(tl.int64), 0)
+                    is_out = tl.sum(excluded(tl.full([1], 0, tl.int64) + x, zeroed, js, count).to(tl.int32), 0) > 0
+                    p_x = tl.where(in_vocab & ~is_out, p_x, 0.0)
+                    accept = in_vocab & (uc * sum_p < p_x)
+                    if accept == 0:
+                        if p_x > 0:
+                            if nonzero - count > 1:
+                                zeroed = tl.where(js == count, x, zeroed)
+                                count += 1
+                                sum_p -= p_x
+            else:
+                accept = x == argmax
+            if accept:
+                if LOGPROBS:
+                    lps = tl.where(js == k, token_logprob(row_ptr, x, vocab, m, argmax, t, tau, total, BLOCK), lps)
+                toks = tl.where(js == k, x, toks)
+                k += 1
+                path = tl.where(js == k, c, path)
+                u = c + tl.zeros_like(u)
+                row_ptr = logits_ptr + (b * nodes + u) * vocab
+                q_row_ptr = draft_probs_ptr + (b * nodes + u) * vocab
+                m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK)
+                rejected = tl.zeros_like(rejected)
+                count = tl.zeros_like(count)
+            else:
+                rejected = tl.zeros_like(rejected) + 1
+    final = argmax
+    if t > 0:
+        purpose = tl.where(rejected != 0, PURPOSE_RESIDUAL, PURPOSE_BONUS)
+        best = tl.full([], -1.0, tl.float32)
+        best_index = tl.full([], 0, tl.int64)
+        for start in range(0, vocab, BLOCK):
+            idx = start + tl.arange(0, BLOCK).to(tl.int64)
+            inside = idx < vocab
+            p = entry_prob(load_row(row_ptr, idx, inside), m, t, tau, total)
+            if HAS_DRAFT_PROBS:
+                q = tl.load(q_row_ptr + idx, mask=inside, other=0.0).to(tl.float32)
+                mass = tree_residual(p, q, zs, js, count)
+            else:
+                mass = tl.where(excluded(idx, zeroed, js, count), 0.0, p)
+            noise = tl.where(mass > 0, exp_noise(philox_bits(seed, offset, u, purpose, idx)), 1.0)
+            best, best_index = tile_argmax_update(race_scores(mass, noise, inside), idx, best, best_index)
+        final = best_index
+    if LOGPROBS:
+        lps = tl.where(js == k, token_logprob(row_ptr, final, vocab, m, argmax, t, tau, total, BLOCK), lps)
+        tl.store(logprobs_ptr + b * nodes + js, lps, mask=js < nodes)
+    toks = tl.where(js == k, final, toks)
+    tl.store(token_ids_ptr + b * nodes + js, toks, mask=js < nodes)
+    tl.store(accepted_path_ptr + b * nodes + js, path.to(tl.int32), mask=js < nodes)
+    tl.store(num_accepted_ptr + b, k.to(tl.int32))
