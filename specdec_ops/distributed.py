@@ -6,33 +6,34 @@ vocab_start + V_local - 1``. The functions here verify drafts on those shards
 and return, on every rank, the result of the unsharded §5.7 op on the
 concatenated logits for the same seeds: no rank ever holds a full row.
 
-How the pieces combine (R = the number of logits rows, B*(K+1) or T+B):
+The arithmetic is the one of csrc/logits/logits_math.h (R = the number of logits
+rows, B*(K+1) or T+B); how its pieces combine across ranks:
 
-* the row maximum of ``l / T`` (greedy rows: of the raw logits, with the first
-  index reaching it) is one all-reduce MAX of int64 keys ``(order-preserving
-  bits of the value, ~global index)``;
-* ``e_i = exp(l_i / T - max)`` is then exact per shard; the top-k threshold is a
-  radix select over the bits of ``e`` (4 rounds of 8-bit digits, the count
-  histograms ``[R, 256]`` all-reduced), the top-p threshold the same with mass
-  histograms, min-p is local (the row maximum of ``e`` is exactly 1), and the
-  normalizer ``Z`` is one more sum;
+* the row maximum m of the sanitized logits x and its first index: one
+  all-reduce MAX of int64 keys ``(order-preserving bits of the value, ~global
+  index)`` (also the greedy rows' argmax);
+* ``z = (x - m) / T`` and ``e = exp(z)`` are then exact per shard; the top-k
+  threshold is the kernels' radix select over the order keys of z (4 passes of
+  8-bit digits, the count histograms ``[R, 256]`` all-reduced), top-p the same
+  with mass histograms (float64, all-gathered), min-p the key of log(min_p), and
+  the kept mass S one float64 sum;
 * the acceptance test of draft k needs ``p_k(x_k)`` and ``q_k(x_k)``, which only
   the rank owning ``x_k`` has: it decides, and one all-reduce SUM of ``[B, K]``
   flags (with the log-probabilities) tells the others;
 * the final token is an exponential race (§5.2) whose noise is keyed by the
   global vocabulary index (§5.1), so each rank races over its shard and one
   all-reduce MAX of packed ``(score, ~global index)`` keys picks the winner
-  (the smallest index on ties), for the residual and for the fallback row at
-  once.
+  (the smallest index on ties), for the residual and for its fallback at once.
 
-Float sums (histogram masses, ``Z``) are all-gathered and added in rank order,
-so every rank gets bit-identical values whatever the collective algorithm; max,
+Float sums (histogram masses, S) are all-gathered and added in rank order, so
+every rank gets bit-identical values whatever the collective algorithm; max,
 counts and flags are exact and use all-reduce. Every collective has a shape fixed
-by ``B``, ``K``, 256 and the world size: the GPU path (NCCL) has no host sync
-(see ``check_shards``), the CPU path uses gloo.
+by B, K, 256 and the world size: the GPU path (NCCL) has no host sync (see
+``check_shards``); the CPU path (gloo) compacts candidate lists, which reads
+their sizes on the host.
 
 The per-shard work is plain PyTorch here. A fused GPU kernel per step would do
-each pass over a shard in one read: the scaled max and argmax; ``e``, the digit
+each pass over a shard in one read: the max and argmax; z, e, the key digit
 histograms (in shared memory) and the partial sums; and the race over the B
 selected rows with Philox generated in registers.
 """

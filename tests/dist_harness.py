@@ -93,6 +93,13 @@ def sharded_calls(rank, world, cases):
         vocab_size = case.get("vocab_size", [bounds[-1]] * world)[rank]
         logits = shard(case["logits"], bounds, rank)
         draft_probs = shard(case.get("draft_probs"), bounds, rank)
+        if case.get("check_only"):  # check_vocab_shards alone
+            try:
+                distributed.check_vocab_shards(vocab_start, bounds[rank + 1] - bounds[rank], vocab_size)
+                out.append({"checked": True})
+            except SpecDecArgumentError as e:
+                out.append({"error": str(e)})
+            continue
         per_rank = case.get("per_rank_kwargs", [{}] * world)[rank]
         kwargs.update(per_rank)
         fn = distributed.rejection_sample_logits if case["layout"] == "padded" else \

@@ -158,8 +158,9 @@ def inconsistent_cases(world):
     top_k = dict(base, per_rank_kwargs=[{}] * (world - 1) + [{"top_k": torch.full((3,), 2)}])
     bad_top_p = dict(base, per_rank_kwargs=[{"top_p": torch.full((3,), 1.5)}] + [{"top_p": torch.full((3,), 0.5)}]
                      * (world - 1))
-    return ([gap, overlap, size, top_k, bad_top_p],
-            ["gap", "overlap", "vocab_size", "top_k on one rank", "bad top_p on rank 0"])
+    check_gap = dict(gap, check_only=True)
+    return ([gap, overlap, size, top_k, bad_top_p, check_gap],
+            ["gap", "overlap", "vocab_size", "top_k on one rank", "bad top_p on rank 0", "check_vocab_shards gap"])
 
 
 def comm_cases(world):
@@ -192,10 +193,11 @@ def _world_results(world):
     bad, bad_labels = inconsistent_cases(world)
     # A valid call after the failing ones: a raise leaves the world usable (nothing half-done).
     after, _ = equality_cases(world, [WORLD_BOUNDS[world][0]], seed0=7)
+    after = [dict(after[0], check_only=True), after[0]]  # check_vocab_shards passes on a good tiling
     extra = comm_cases(world) + ([stat_case()] if world == 2 else [])
-    results = run_world(world, sharded_calls, eq + bad + after[:1] + extra)
-    n_fixed = len(eq) + len(bad) + 1
-    return {"eq": (eq, eq_labels), "bad": (bad, bad_labels), "after": after[:1],
+    results = run_world(world, sharded_calls, eq + bad + after + extra)
+    n_fixed = len(eq) + len(bad) + len(after)
+    return {"eq": (eq, eq_labels), "bad": (bad, bad_labels), "after": after,
             "results": [r[:n_fixed] for r in results], "comm": [r[n_fixed:n_fixed + 2] for r in results],
             "stat": [r[n_fixed + 2:] for r in results], "world": world}
 
@@ -237,7 +239,8 @@ def test_inconsistent_shards_raise_on_every_rank(world):
     cases, labels = world["eq"]
     bad, bad_labels = world["bad"]
     expected_words = {"gap": "do not tile", "overlap": "do not tile", "vocab_size": "vocab_size differs",
-                      "top_k on one rank": "optional arguments", "bad top_p on rank 0": "rank(s) [0] rejected"}
+                      "top_k on one rank": "optional arguments", "bad top_p on rank 0": "rank(s) [0] rejected",
+                      "check_vocab_shards gap": "do not tile"}
     for j, label in enumerate(bad_labels):
         for rank, per_rank in enumerate(world["results"]):
             got = per_rank[len(cases) + j]
@@ -245,10 +248,10 @@ def test_inconsistent_shards_raise_on_every_rank(world):
             words = "top_p[0] = 1.5 must be in (0, 1]" if label == "bad top_p on rank 0" and rank == 0 else \
                 expected_words[label]
             assert words in got["error"], got["error"]
-    # The world stays usable after the raises.
-    after = world["after"][0]
-    expected = unsharded(after, "reference")
+    # The world stays usable after the raises; check_vocab_shards accepts a good tiling.
+    expected = unsharded(world["after"][1], "reference")
     for per_rank in world["results"]:
+        assert per_rank[-2] == {"checked": True}
         _same(per_rank[-1], expected, "call after the raises")
 
 
