@@ -58,8 +58,7 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "
 _PURPOSE_ACCEPT, _PURPOSE_RESIDUAL, _PURPOSE_BONUS = 0, 1, 2  # csrc/common/philox.h
 _DIGIT_BITS = 8
 _NUM_DIGITS = 1 << _DIGIT_BITS
-_SHIFTS = (24, 16, 8, 0)  # radix rounds over the 31 value bits of a non-negative float32
-
+_SHIFTS = (24, 16, 8, 0)  # radix passes over the 32 bits of an order key, most significant first
 
 
 # ---------------------------------------------------------------------------------------------- collectives
@@ -107,10 +106,6 @@ class _Comm:
         self._count((self.world - 1) * t.numel() * t.element_size())
         _all_gather_single(out, t.reshape(-1), group=self.group)
         return out.view((self.world,) + tuple(t.shape))
-
-    def sum_counts(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum of every rank's counts (exact in any order)."""
-        return self.all_reduce(t, dist.ReduceOp.SUM)
 
     def sum_float(self, t: torch.Tensor) -> torch.Tensor:
         """Sum of every rank's float partials, added in rank order: bit-identical on every rank."""
