@@ -47,9 +47,10 @@ from . import logits as _logits
 from ._backend import values_checked_here
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, SpecDecArgumentError, check_device, check_dtype, check_rank,
                       check_shape, check_tensor, fail, first_bad, rng_inputs)
-from .types import LogitsSampleOutput
+from .types import LogitsSampleOutput, LogitsTreeSampleOutput
 
-__all__ = ["rejection_sample_logits", "rejection_sample_logits_packed", "check_vocab_shards"]
+__all__ = ["rejection_sample_logits", "rejection_sample_logits_packed", "tree_rejection_sample_logits",
+           "check_vocab_shards"]
 
 _MASK32 = 0xFFFFFFFF
 _FLT_MAX = torch.finfo(torch.float32).max
@@ -896,3 +897,208 @@ def rejection_sample_logits_packed(
     greedy = rows.greedy[row_of[:, 0]]
     return LogitsSampleOutput(*_verify_chain(comm, rows, row_of, num_draft, drafts, draft_probs, draft_slot, greedy,
                                              seeds, offsets, vocab_start, bool(return_logprobs)))
+
+
+# ---------------------------------------------------------------------------------------------- tree verification
+
+
+def _verify_tree(comm: _Comm, rows: _Rows, tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
+                 draft_probs: torch.Tensor | None, greedy: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor,
+                 vocab_start: int, return_logprobs: bool):
+    """§5.3 on the processed rows (row b * N + u is node u of request b), the forward scan of
+    reference.tree_rejection_sample with p' held as this rank's shard.
+
+    One all-gather of [B, 5] numbers per node c = 1 .. N-1 (the owner's acceptance flag, p'(x)
+    and log p(x), this rank's mass of the would-be residual and whether it has any), then the
+    race of the chain at the node the walk ends on.
+    """
+    batch, nodes = tokens.shape
+    device = tokens.device
+    local = rows.e.shape[-1]
+    ar = torch.arange(batch, device=device)
+    zero = torch.zeros((), device=device)
+    # Global row sums of the processed probabilities (s of the walk without draft_probs), rank order.
+    all_rows = torch.arange(batch * nodes, device=device)
+    row_sums = comm.sum_float(rows.probs(all_rows).sum(dim=-1))
+    flat_q = None if draft_probs is None else draft_probs.reshape(batch * nodes, local)
+
+    u = torch.zeros(batch, dtype=torch.int64, device=device)  # current node
+    k = torch.zeros(batch, dtype=torch.int64, device=device)  # accepted nodes so far
+    path = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
+    path[:, 0] = 0
+    out = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
+    lp_out = torch.full((batch, nodes), float("nan"), device=device)
+    r = rows.probs(ar * nodes)  # p' (unnormalized), this rank's shard
+    z = torch.ones(batch, device=device)  # normalizer of p' (draft_probs)
+    s = row_sums[ar * nodes]  # sum of p' (no draft_probs)
+    best = rows.argmax[ar * nodes]  # argmax p_u (greedy)
+    rejected = torch.zeros(batch, dtype=torch.bool, device=device)
+    no_token = torch.zeros(1, dtype=torch.int64, device=device)
+    for c in range(1, nodes):
+        pc = parents[:, c]
+        pc = torch.where((pc >= 0) & (pc < c), pc, 0)
+        tries = (c < num_nodes) & (pc == u)
+        x = tokens[:, c]
+        x_local = x - vocab_start
+        owned = (x_local >= 0) & (x_local < local)
+        xs = torch.where(owned, x_local, 0)
+        uc = _philox_uniform(seeds, offsets, torch.full((batch,), c - 1, device=device), _PURPOSE_ACCEPT, no_token)[:, 0]
+        r_x = r[ar, xs] if local else torch.zeros(batch, device=device)
+        payload = torch.zeros(batch, 5, dtype=torch.float64, device=device)
+        if flat_q is not None:
+            q = flat_q[ar * nodes + u].float() if local else torch.zeros_like(r)
+            q = torch.where(q > 0, q, zero)
+            q_x = q[ar, xs] if local else torch.zeros(batch, device=device)
+            accept_here = owned & (uc * q_x < r_x / z)
+            d = r / z[:, None] - q
+            r_new = torch.where(d > 0, d, zero)
+            payload[:, 3] = r_new.sum(dim=-1).double()
+        else:
+            accept_here = owned & (uc * s < torch.where(owned, r_x, zero))
+            r_new = r.clone()
+            if local:
+                r_new[ar, xs] = torch.where(owned, zero, r_x)
+            payload[:, 3] = (r_new > 0).any(dim=-1).double() if local else 0.0
+        payload[:, 0] = accept_here.double()
+        payload[:, 1] = torch.where(owned, r_x, zero).double()
+        if return_logprobs and local:
+            payload[:, 2] = torch.where(owned, rows.logprob(ar * nodes + u, xs), zero).double()
+        gathered = comm.all_gather(payload)
+        combined = gathered.sum(dim=0)  # flags and owner-only values: exact
+        mass_new = gathered[0, :, 3].float()
+        for rank in range(1, comm.world):
+            mass_new = mass_new + gathered[rank, :, 3].float()  # float32 partial sums, rank order
+        accept = torch.where(greedy, x == best, combined[:, 0] > 0) & tries
+        reject = tries & ~accept & ~greedy
+        if flat_q is not None:
+            commit = reject & (mass_new > 0)
+            r = torch.where(commit[:, None], r_new, r)
+            z = torch.where(commit, mass_new, z)
+        else:
+            commit = reject & (combined[:, 3] > 0)
+            r = torch.where(commit[:, None], r_new, r)
+            s = torch.where(commit, s - combined[:, 1].float(), s)
+        rejected |= reject
+
+        out[ar, k] = torch.where(accept, x, out[ar, k])
+        lp_out[ar, k] = torch.where(accept, combined[:, 2].float(), lp_out[ar, k])
+        k = k + accept.long()
+        path[ar, k] = torch.where(accept, c, path[ar, k])
+        u = torch.where(accept, c, u)
+        r = torch.where(accept[:, None], rows.probs(ar * nodes + c), r)
+        z = torch.where(accept, 1.0, z)
+        s = torch.where(accept, row_sums[ar * nodes + c], s)
+        best = torch.where(accept, rows.argmax[ar * nodes + c], best)
+        rejected &= ~accept
+
+    purpose = torch.where(rejected, _PURPOSE_RESIDUAL, _PURPOSE_BONUS)
+    noise = -torch.log(_philox_uniform_span(seeds, offsets, u, purpose, vocab_start, local, device))
+    keys = comm.all_reduce(_local_argmax(torch.where(r > 0, r / noise, zero), vocab_start), dist.ReduceOp.MAX)
+    _, winner = _unpack(keys)
+    final = torch.where(greedy, best, winner)
+    out[ar, k] = final
+    logprobs = None
+    if return_logprobs:
+        f_local = final - vocab_start
+        f_owned = (f_local >= 0) & (f_local < local)
+        final_lp = torch.zeros(batch, device=device)
+        if local:
+            final_lp = torch.where(f_owned, rows.logprob(ar * nodes + u, torch.where(f_owned, f_local, 0)), zero)
+        lp_out[ar, k] = comm.all_reduce(final_lp, dist.ReduceOp.SUM)
+        logprobs = lp_out
+    return out, path.to(torch.int32), k.to(torch.int32), logprobs
+
+
+def tree_rejection_sample_logits(
+    local_logits: torch.Tensor,
+    tree_token_ids: torch.Tensor,
+    parents: torch.Tensor,
+    num_nodes: torch.Tensor | None = None,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    vocab_start: int,
+    vocab_size: int,
+    group=None,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    seeds: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    return_logprobs: bool = False,
+    check_shards: bool = True,
+    comm_stats: dict | None = None,
+) -> LogitsTreeSampleOutput:
+    """Tree verification from vocab-sharded target logits: §5.3 / §5.7 on shards (DESIGN.md §5.8).
+
+    Every rank returns the result of :func:`specdec_ops.tree_rejection_sample_logits` on the
+    concatenated logits for the same seeds (floating-point near-ties aside). The walk over the
+    tree is sequential in the nodes: one all-gather of [B, 5] numbers per node (N - 1 per step)
+    on top of the chain's collectives for the processed rows.
+
+    Parameters
+    ----------
+    local_logits : float32 | float16 | bfloat16 [B, N, V_local]
+        This rank's shard; row u is the target after node u.
+    tree_token_ids : int32 | int64 [B, N]
+        Global ids of the nodes' tokens (entry 0 ignored), the same on every rank.
+    parents : int32 | int64 [B, N]
+        parents[b, 0] = -1, 0 <= parents[b, i] < i; the same on every rank.
+    num_nodes : int32 | int64 [B], optional
+        Nodes >= num_nodes[b] are padding; None means N.
+    draft_probs : float32 | float16 | bfloat16 [B, N, V_local], optional
+        This rank's shard of q at each node (the distribution its children were drawn from).
+    vocab_start, vocab_size, group, temperature, top_k, top_p, min_p, seeds, offsets, return_logprobs,
+    check_shards, comm_stats
+        As in :func:`rejection_sample_logits`.
+
+    Returns
+    -------
+    LogitsTreeSampleOutput(token_ids int64 [B, N], accepted_path int32 [B, N], num_accepted int32 [B],
+    logprobs float32 [B, N] or None)
+        The same on every rank, as in §5.7.
+    """
+    check_tensor(local_logits, "local_logits")
+    device = local_logits.device
+    comm = _Comm(group, device, comm_stats)
+    shape = list(local_logits.shape) + [-1] * 3
+    error = None
+    try:
+        check_rank(local_logits, 3, "local_logits", "[B, N, V_local]")
+        batch, nodes, local = local_logits.shape
+        if nodes < 1:
+            fail(f"local_logits must have N >= 1 nodes (node 0 is the root), got shape {list(local_logits.shape)}")
+        _check_common(local_logits, vocab_start, vocab_size)
+        for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
+            check_shape(t, (batch, nodes), name, "[B, N]")
+            check_dtype(t, INDEX_DTYPES, name)
+            check_device(t, device, name, "local_logits")
+        if num_nodes is not None:
+            check_shape(num_nodes, (batch,), "num_nodes", "[B]")
+            check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
+            check_device(num_nodes, device, "num_nodes", "local_logits")
+        _check_draft_probs(draft_probs, (batch, nodes, local), "[B, N, V_local]", device)
+        params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
+        if seeds is not None:
+            seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+        if values_checked_here(device):
+            _logits._check_tree_values(tree_token_ids, parents, num_nodes, vocab_size)
+    except SpecDecArgumentError as e:
+        error = e
+    flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
+                            top_p is not None, min_p is not None, seeds is not None, bool(return_logprobs),
+                            num_nodes is not None)
+    _agree(comm, check_shards, error, [_int_or(vocab_start), shape[2] if error is None else -1,
+                                       _int_or(vocab_size), shape[0], shape[1], -2, flags])
+    if seeds is None:
+        seeds, offsets = rng_inputs(_shared_seeds(comm, None, batch, device), offsets, batch, device,
+                                    "local_logits")
+    n = torch.full((batch,), nodes, dtype=torch.int64, device=device) if num_nodes is None else \
+        num_nodes.to(torch.int64).clamp(1, nodes)
+    flat = local_logits.reshape(batch * nodes, local)
+    row_request = torch.arange(batch, device=device).repeat_interleave(nodes)
+    rows = _Rows(comm, flat, row_request, vocab_start, vocab_size, params)
+    greedy = rows.greedy.view(batch, nodes)[:, 0]
+    return LogitsTreeSampleOutput(*_verify_tree(comm, rows, tree_token_ids.to(torch.int64), parents.to(torch.int64),
+                                                n, draft_probs, greedy, seeds, offsets, vocab_start,
+                                                bool(return_logprobs)))

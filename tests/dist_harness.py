@@ -76,7 +76,7 @@ def shard(t, bounds, rank):
 def sharded_calls(rank, world, cases):
     """Run each case's sharded op on this rank's shard; a case raising SpecDecArgumentError returns its message.
 
-    A case is a dict: "layout" ("padded" | "packed"), "bounds" (rank r owns
+    A case is a dict: "layout" ("padded" | "packed" | "tree"), "bounds" (rank r owns
     [bounds[r], bounds[r+1])), optional "vocab_start"/"vocab_size" overrides per
     rank (lists), "logits", "draft_probs" (full tensors, sliced here) and
     "kwargs" (replicated arguments); "fixed_shapes": run the CUDA path's fixed-shape
@@ -102,16 +102,19 @@ def sharded_calls(rank, world, cases):
             continue
         per_rank = case.get("per_rank_kwargs", [{}] * world)[rank]
         kwargs.update(per_rank)
-        fn = distributed.rejection_sample_logits if case["layout"] == "padded" else \
-            distributed.rejection_sample_logits_packed
-        first = kwargs.pop("cu_num_draft_tokens") if case["layout"] == "packed" else kwargs.pop("draft_token_ids")
-        second = kwargs.pop("draft_token_ids") if case["layout"] == "packed" else kwargs.pop("num_draft_tokens")
+        if case["layout"] == "padded":
+            fn = distributed.rejection_sample_logits
+            args = (kwargs.pop("draft_token_ids"), kwargs.pop("num_draft_tokens"), draft_probs)
+        elif case["layout"] == "packed":
+            fn = distributed.rejection_sample_logits_packed
+            args = (kwargs.pop("cu_num_draft_tokens"), kwargs.pop("draft_token_ids"), draft_probs)
+        else:
+            fn = distributed.tree_rejection_sample_logits
+            args = (kwargs.pop("tree_token_ids"), kwargs.pop("parents"), kwargs.pop("num_nodes"), draft_probs)
         stats = {}
         try:
-            res = fn(logits, first, second, draft_probs, vocab_start=vocab_start, vocab_size=vocab_size,
-                     comm_stats=stats, **kwargs)
-            out.append({"token_ids": res.token_ids, "num_accepted": res.num_accepted, "logprobs": res.logprobs,
-                        "stats": stats})
+            res = fn(logits, *args, vocab_start=vocab_start, vocab_size=vocab_size, comm_stats=stats, **kwargs)
+            out.append(dict(res._asdict(), stats=stats))
         except SpecDecArgumentError as e:
             out.append({"error": str(e)})
     return out

@@ -82,9 +82,34 @@ def make_case(seed, batch, k, vocab, bounds, *, layout="padded", draft_probs=Fal
     return case
 
 
+def make_tree_case(seed, batch, nodes, vocab, bounds, *, draft_probs=False, filters=(), greedy="mix"):
+    """A random tree per request: node i's parent drawn in [0, i); half the nodes carry their
+    parent row's argmax (long accepted paths), the others a token drawn from q at the parent."""
+    case = make_case(seed, batch, nodes - 1, vocab, bounds, draft_probs=False, filters=filters, greedy=greedy)
+    g = torch.Generator().manual_seed(seed + 1)
+    logits = case["logits"]
+    q = torch.softmax(torch.randn(batch, nodes, vocab, generator=g) * 2, -1)
+    parents = torch.full((batch, nodes), -1, dtype=torch.int64)
+    tokens = torch.zeros(batch, nodes, dtype=torch.int64)
+    for i in range(1, nodes):
+        parents[:, i] = torch.randint(0, i, (batch,), generator=g)
+        drawn = torch.multinomial(q[torch.arange(batch), parents[:, i]], 1, generator=g)[:, 0]
+        favourite = logits[torch.arange(batch), parents[:, i]].argmax(-1)
+        tokens[:, i] = torch.where(torch.rand(batch, generator=g) < 0.5, favourite, drawn)
+    num_nodes = torch.randint(1, nodes + 1, (batch,), generator=g)
+    kw = {key: v for key, v in case["kwargs"].items() if key not in ("draft_token_ids", "num_draft_tokens")}
+    case.update(layout="tree", draft_probs=q if draft_probs else None,
+                kwargs=dict(kw, tree_token_ids=tokens, parents=parents, num_nodes=num_nodes))
+    return case
+
+
 def unsharded(case, backend):
     """The §5.7 op on the full logits."""
     kw = dict(case["kwargs"])
+    if case["layout"] == "tree":
+        return specdec_ops.tree_rejection_sample_logits(case["logits"], kw.pop("tree_token_ids"), kw.pop("parents"),
+                                                        kw.pop("num_nodes"), case["draft_probs"], backend=backend,
+                                                        **kw)
     if case["layout"] == "padded":
         return specdec_ops.rejection_sample_logits(case["logits"], kw.pop("draft_token_ids"),
                                                    kw.pop("num_draft_tokens"), case["draft_probs"],
@@ -119,6 +144,11 @@ def equality_cases(world, bounds_list, seed0):
     labels.append(f"world={world} all greedy")
     cases.append(residual_fallback_case(seed + 3, bounds))
     labels.append(f"world={world} residual without mass (draft_probs = the processed target, draft off its support)")
+    for filters in ((), ("top_k", "top_p", "min_p")):
+        for draft_probs in (False, True):
+            seed += 1
+            cases.append(make_tree_case(seed, 5, 7, bounds[-1], bounds, draft_probs=draft_probs, filters=filters))
+            labels.append(f"world={world} tree filters={filters or 'none'} draft_probs={draft_probs}")
     for layout in ("padded", "packed"):  # the CUDA path's fixed-shape arithmetic, on CPU tensors
         cases.append(dict(make_case(seed + 4, 6, 3, bounds[-1], bounds, layout=layout, draft_probs=True,
                                     filters=("top_k", "top_p", "min_p"), specials=True), fixed_shapes=True))
@@ -213,6 +243,8 @@ def world(request):
 def _same(a, b, label, logprobs=True):
     assert torch.equal(a["token_ids"], b.token_ids), f"{label}: token_ids\n{a['token_ids']}\n{b.token_ids}"
     assert torch.equal(a["num_accepted"], b.num_accepted), label
+    if hasattr(b, "accepted_path"):
+        assert torch.equal(a["accepted_path"], b.accepted_path), label
     if logprobs and b.logprobs is not None:
         torch.testing.assert_close(a["logprobs"], b.logprobs, rtol=1e-5, atol=1e-5, equal_nan=True, msg=label)
 
