@@ -23,7 +23,10 @@ rows, B*(K+1) or T+B); how its pieces combine across ranks:
 * the final token is an exponential race (§5.2) whose noise is keyed by the
   global vocabulary index (§5.1), so each rank races over its shard and one
   all-reduce MAX of packed ``(score, ~global index)`` keys picks the winner
-  (the smallest index on ties), for the residual and for its fallback at once.
+  (the smallest index on ties), for the residual and for its fallback at once;
+* the tree walk (§5.3) is sequential in the nodes: per node one all-gather of
+  [B, 5] numbers (the owner's acceptance flag, p'(x) and log p(x), each rank's
+  mass of the would-be residual) keeps every rank's shard of p' in step.
 
 Float sums (histogram masses, S) are all-gathered and added in rank order, so
 every rank gets bit-identical values whatever the collective algorithm; max,
@@ -696,7 +699,8 @@ def rejection_sample_logits(
         every rank when the shards do not tile [0, vocab_size) or the ranks disagree:
         a bad call then never leaves other ranks waiting in a later collective. On
         CUDA this reads 9 numbers on the host (one sync): check once with
-        :func:`check_vocab_shards` and pass False for a step without host sync.
+        :func:`check_vocab_shards` and pass False for a step without host sync. Pass the same
+        value on every rank.
     comm_stats : dict, optional
         Accumulates ``collectives`` and ``bytes_sent`` (this rank, ring algorithms).
 
