@@ -32,6 +32,7 @@ from .types import SampleOutput, TreeSampleOutput
 from .logits import (process_logits, rejection_sample_logits, rejection_sample_logits_packed,  # noqa: E402
                      tree_rejection_sample_logits)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput  # noqa: E402
+from . import distributed  # noqa: E402  (vocab-parallel verification, DESIGN.md §5.8)
 
 __version__ = "0.1.0"
 
