@@ -1,6 +1,7 @@
 """Verification from logits benchmark (DESIGN.md §5.7).
 
-CPU (same process): the fused op `rejection_sample_logits` against
+CPU (same process, the three variants timed round-robin, medians of 30): the fused op
+`rejection_sample_logits` (with return_logprobs=True) against
   (a) plain-PyTorch processing as engines write it (temperature, softmax, top-k/top-p
       with torch.sort) followed by `rejection_sample`, and
   (b) the project's own `process_logits` followed by `rejection_sample`,
@@ -18,7 +19,9 @@ rejection, and the bonus row) against the device's peak (4.8 TB/s on an H200).
 
 from __future__ import annotations
 
+import statistics
 import struct
+import time
 import zlib
 
 import torch
@@ -79,20 +82,35 @@ def unfused(c, q, probs, backend):
                                         offsets=c["offsets"], greedy=c["temperature"] == 0, backend=backend)
 
 
+def interleaved_medians(fns, repeat, warmup=2):
+    """Median ms of each callable, timed round-robin (one call of each per round) so that load
+    from other processes on a shared machine falls on every variant alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(ts) for ts in times]
+
+
 def run_cpu(args):
     table = Table(["mode", "B", "K", "V", "dtype", "fused_ms", "torch_sort_ms", "process_logits_ms",
                    "x_vs_torch_sort", "x_vs_process_logits"])
-    repeat = 3 if args.quick else 20
+    repeat = 5 if args.quick else 30
     batch, vocab = 8, 49152
     c = make_case(batch, vocab, "cpu")
     for mode in ("one_hot", "draft_probs"):
         q = c["draft_probs"] if mode == "draft_probs" else None
-        t_fused = time_fn(lambda: fused(c, q, "cpu"), "cpu", repeat=repeat)
-        t_torch = time_fn(lambda: unfused(c, q, torch_process(c["target_logits"], c["temperature"], c["top_k"],
-                                                               c["top_p"]), "cpu"), "cpu", repeat=repeat)
-        t_own = time_fn(lambda: unfused(c, q, specdec_ops.process_logits(
-            c["target_logits"], c["temperature"], c["top_k"], c["top_p"], backend="cpu"), "cpu"), "cpu",
-            repeat=repeat)
+        t_fused, t_torch, t_own = interleaved_medians([
+            lambda: fused(c, q, "cpu"),
+            lambda: unfused(c, q, torch_process(c["target_logits"], c["temperature"], c["top_k"], c["top_p"]), "cpu"),
+            lambda: unfused(c, q, specdec_ops.process_logits(c["target_logits"], c["temperature"], c["top_k"],
+                                                             c["top_p"], backend="cpu"), "cpu"),
+        ], repeat)
         table.add(mode=mode, B=batch, K=K, V=vocab, dtype="bfloat16", fused_ms=t_fused, torch_sort_ms=t_torch,
                   process_logits_ms=t_own, x_vs_torch_sort=t_torch / t_fused, x_vs_process_logits=t_own / t_fused)
     return table

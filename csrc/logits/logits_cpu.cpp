@@ -139,10 +139,12 @@ Row analyze_row(const void* logits, int64_t row, int64_t vocab, const RowSamplin
       total += e;
     }
   } else {
+    // Keys first; e = exp(z) only where it can be read: the top-k survivors when top-k
+    // is on (an entry's e is read only when its key is kept), else every entry.
     for (int64_t i = 0; i < vocab; ++i) {
       const float z = scaled_logit(w.e[i], r.m, r.temperature);
       w.key[i] = order_key(z);
-      w.e[i] = exp_f(z);
+      w.e[i] = z;
     }
     uint32_t tau = 0;
     const std::vector<int32_t>* src = nullptr;
@@ -151,7 +153,10 @@ Row analyze_row(const void* logits, int64_t row, int64_t vocab, const RowSamplin
       w.survivors.clear();
       for (int64_t i = 0; i < vocab; ++i)
         if (w.key[i] >= tau) w.survivors.push_back(static_cast<int32_t>(i));
+      for (int32_t i : w.survivors) w.e[i] = exp_f(w.e[i]);
       src = &w.survivors;
+    } else {
+      for (int64_t i = 0; i < vocab; ++i) w.e[i] = exp_f(w.e[i]);
     }
     if (s.top_p < 1.f) tau = std::max(tau, select_top_p(w, src, vocab, s.top_p));
     tau = std::max(tau, min_p_key(s.min_p));
@@ -192,17 +197,30 @@ template <typename Q>
 int64_t race_row(const Row& r, const RowScratch& w, int64_t vocab, const void* draft_probs, int64_t q_row,
                  int64_t draft, bool residual, uint64_t seed, uint64_t offset, uint32_t position) {
   const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
+  // Groups of 4 entries share a Philox block; a group without mass needs no random
+  // numbers (race_update would only record score 0, which argmax_update does alone).
   auto race = [&](bool use_residual) {
     ArgMax best = argmax_init();
-    Philox4 bits{};
-    for (int64_t i = 0; i < vocab; ++i) {
-      if ((i & 3) == 0) bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(i >> 2));
-      float mass = r.prob(w, i);
-      if (use_residual) {
-        const float qi = q_row >= 0 ? load<Q>(draft_probs, q_row, vocab, i) : (i == draft ? 1.f : 0.f);
-        mass = residual_mass(mass, qi);
+    for (int64_t i0 = 0; i0 < vocab; i0 += 4) {
+      float mass[4];
+      bool any = false;
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = i0 + j;
+        mass[j] = 0.f;
+        if (i >= vocab) continue;
+        mass[j] = r.prob(w, i);
+        if (use_residual) {
+          const float qi = q_row >= 0 ? load<Q>(draft_probs, q_row, vocab, i) : (i == draft ? 1.f : 0.f);
+          mass[j] = residual_mass(mass[j], qi);
+        }
+        any |= mass[j] > 0.f;
       }
-      race_update(best, mass, bits.x[i & 3], i);
+      if (!any) {
+        for (int j = 0; j < 4 && i0 + j < vocab; ++j) argmax_update(best, 0.f, i0 + j);
+        continue;
+      }
+      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(i0 >> 2));
+      for (int j = 0; j < 4 && i0 + j < vocab; ++j) race_update(best, mass[j], bits.x[j], i0 + j);
     }
     return best;
   };
