@@ -344,7 +344,7 @@ def _radix_select(keys: torch.Tensor, *, rows: int, row_id: torch.Tensor | None 
             else:
                 masses, nonempty = encoded.clamp(min=0.0), encoded >= 0
             if target is None:
-                target = top_p.double() * masses.sum(-1)
+                target = top_p.double() * masses.sum(-1) * (1.0 - _logits.TOP_P_SLACK)
             scan = torch.cat([above[:, None], masses.flip(-1)], dim=1).cumsum(-1)[:, :-1].flip(-1)
             ok = nonempty & (scan + masses >= target[:, None])  # scan[d] = above + mass of bins > d
         highest = torch.where(ok, bins, -1).amax(-1)

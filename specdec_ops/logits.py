@@ -50,6 +50,8 @@ __all__ = ["process_logits", "rejection_sample_logits", "rejection_sample_logits
 # ---------------------------------------------------------------------------------------------- checks
 
 # name -> (dtype the kernels read, what a valid value is, the predicate of a bad value)
+TOP_P_SLACK = 2.0 ** -20  # top-p reaches top_p * (1 - slack) of the mass (csrc/logits/logits_math.h kTopPSlack)
+
 _PARAMS = {
     "temperature": (torch.float32, ">= 0 (0 = greedy) and not NaN", lambda v: ~(v >= 0)),
     "top_k": (torch.int64, ">= 0 (0 = off)", lambda v: v < 0),

@@ -470,6 +470,9 @@ def kv_commit(caches, seq_lens, accepted_path, *, block_table=None) -> None:
 FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
+TOP_P_SLACK = 2.0 ** -20  # top-p reaches top_p * (1 - slack) of the mass: csrc/logits/logits_math.h kTopPSlack
+
+
 def sanitize_logits(logits: torch.Tensor) -> torch.Tensor:
     """float32 logits as every backend reads them: NaN -> -inf, +inf -> the largest finite float32."""
     return torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=FLOAT32_MAX, neginf=float("-inf"))
@@ -488,7 +491,7 @@ def process_row(row: torch.Tensor, temperature: float, top_k: int, top_p: float,
     The arithmetic every backend follows (csrc/logits/logits_math.h), on z = (x - max x) / T
     with x the sanitized logits (so max z = 0 and the filters are thresholds on z):
       top-k keeps z_i >= the k-th largest z (ties kept); top-p keeps z_i >= t, t the largest
-      value of z among the top-k survivors whose mass sum_{z_j >= t} e^z_j is >= top_p times
+      value of z among the top-k survivors whose mass sum_{z_j >= t} e^z_j is >= top_p (1 - TOP_P_SLACK) times
       theirs; min-p keeps z_i >= log(min_p) (p_i >= min_p * max p). The kept set is
       {z_i >= tau}, tau the largest of the three thresholds; p_i = e^z_i / S with S the kept
       mass, log p_i = z_i - log S. Greedy rows (T = 0): one-hot at the first argmax of x and
@@ -514,7 +517,7 @@ def process_row(row: torch.Tensor, temperature: float, top_k: int, top_p: float,
         kept = keys >= tau
         sorted_keys, order = torch.sort(keys[kept], descending=True)
         cum = torch.cumsum(e[kept][order].double(), 0)
-        target = top_p * float(cum[-1])
+        target = top_p * float(cum[-1]) * (1.0 - TOP_P_SLACK)
         # mass of {key >= v} for each v: the cumulative sum at the last entry holding v
         last = torch.ones_like(sorted_keys, dtype=torch.bool)
         last[:-1] = sorted_keys[:-1] != sorted_keys[1:]

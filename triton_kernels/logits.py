@@ -20,6 +20,7 @@ F32_MAX = tl.constexpr(3.4028234663852886e38)
 RADIX_BITS = tl.constexpr(4)
 RADIX_BINS = tl.constexpr(16)
 RADIX_PASSES = tl.constexpr(8)
+TOP_P_SLACK = tl.constexpr(9.5367431640625e-07)  # 2^-20: csrc/logits/logits_math.h kTopPSlack
 
 
 @triton.jit
@@ -128,7 +129,8 @@ def row_stats(row_ptr, vocab, temperature, top_k, top_p, min_p, BLOCK: tl.conste
                 inside = idx < vocab
                 z = scaled(load_row(row_ptr, idx, inside), m, temperature)
                 kept_mass += tl.sum(tl.where(inside & (order_key(z) >= tau), tl.exp(z), 0.0))
-            tau = tl.maximum(tau, radix_select(row_ptr, vocab, m, temperature, tau, top_p * kept_mass, True, BLOCK))
+            tau = tl.maximum(tau, radix_select(row_ptr, vocab, m, temperature, tau,
+                                                top_p * kept_mass * (1.0 - TOP_P_SLACK), True, BLOCK))
         if min_p > 0.0:
             tau = tl.maximum(tau, order_key(tl.log(min_p)))
         for start in range(0, vocab, BLOCK):

@@ -88,7 +88,7 @@ uint32_t select_top_p(RowScratch& w, const std::vector<int32_t>* src, int64_t vo
     mass[d] += w.e[i];
     total += w.e[i];
   }
-  const double target = static_cast<double>(top_p) * total;
+  const double target = static_cast<double>(top_p) * total * (1.0 - kTopPSlack);
   double above = 0.0;
   uint32_t prefix = radix_pick_mass(counts, mass, target, above) << (32 - kRadixBits);
   w.cand.clear();

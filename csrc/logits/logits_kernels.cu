@@ -137,7 +137,7 @@ __device__ uint32_t radix_select(const T* row, int64_t vocab, float m, float tem
         if (pass == 0) {
           float total = 0.f;
           for (int j = 0; j < kRadixBins; ++j) total += sh.mass[j];
-          sh.target = goal * total;
+          sh.target = goal * total * (1.f - kTopPSlack);
         }
         float above = sh.above;
         d = radix_pick_mass(sh.counts, sh.mass, sh.target, above);

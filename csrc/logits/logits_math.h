@@ -41,6 +41,13 @@ SPECDEC_HD float logit_value(float l) {
   return l > FLT_MAX ? FLT_MAX : l;
 }
 
+// Top-p reaches its target when the kept mass is >= top_p * (1 - kTopPSlack) times the candidates'
+// mass. Every backend sums float32 exponentials in its own order and precision (a few ulps apart), so a
+// top_p that the exact kept mass meets exactly (p = 0.5, 0.3, ... with top_p = 0.8 keeps two entries)
+// must not miss it by rounding on one backend and reach it on another; a relative 2^-20 is well above
+// that rounding and far below the mass of any entry that matters.
+constexpr float kTopPSlack = 9.5367431640625e-07f;  // 2^-20
+
 // Sanitized sampling parameters of one row (also the GPU's safe behaviour for bad
 // values; the CPU ops raise on them first).
 struct RowSampling {
