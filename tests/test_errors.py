@@ -129,6 +129,67 @@ def call_grid(a, backend):
     return specdec_ops.topk_grid_to_parents(a["selected"], a["beam_indices"], a["topk"])
 
 
+def logits_chain_args():
+    g = torch.Generator().manual_seed(7)
+    return dict(target_logits=torch.randn(2, 3, 8, generator=g), draft_token_ids=torch.tensor([[1, 2], [3, 4]]),
+                num_draft_tokens=torch.tensor([2, 1]), draft_probs=torch.softmax(torch.randn(2, 2, 8, generator=g), -1),
+                temperature=torch.tensor([0.7, 0.0]), top_k=torch.tensor([3, 0]), top_p=torch.tensor([0.9, 1.0]),
+                min_p=torch.tensor([0.0, 0.1]), seeds=torch.tensor([1, 2]), offsets=torch.tensor([0, 5]))
+
+
+def _sampling_kwargs(a):
+    return {k: a[k] for k in ("temperature", "top_k", "top_p", "min_p", "seeds", "offsets")}
+
+
+def call_logits_chain(a, backend):
+    return specdec_ops.rejection_sample_logits(a["target_logits"], a["draft_token_ids"], a["num_draft_tokens"],
+                                               a["draft_probs"], return_logprobs=True, backend=backend,
+                                               **_sampling_kwargs(a))
+
+
+def logits_packed_args():
+    a = logits_chain_args()
+    g = torch.Generator().manual_seed(8)
+    a.update(target_logits=torch.randn(5, 8, generator=g), cu_num_draft_tokens=torch.tensor([0, 2, 3]),
+             draft_token_ids=torch.tensor([1, 2, 3]), draft_probs=torch.softmax(torch.randn(3, 8, generator=g), -1),
+             max_num_draft_tokens=2)
+    del a["num_draft_tokens"]
+    return a
+
+
+def call_logits_packed(a, backend):
+    return specdec_ops.rejection_sample_logits_packed(
+        a["target_logits"], a["cu_num_draft_tokens"], a["draft_token_ids"], a["draft_probs"], return_logprobs=True,
+        max_num_draft_tokens=a["max_num_draft_tokens"], backend=backend, **_sampling_kwargs(a))
+
+
+def logits_tree_args():
+    a = logits_chain_args()
+    g = torch.Generator().manual_seed(9)
+    a.update(target_logits=torch.randn(2, 4, 8, generator=g), tree_token_ids=torch.tensor([[0, 1, 2, 3], [0, 4, 5, 6]]),
+             parents=torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2]]), num_nodes=torch.tensor([4, 3]),
+             draft_probs=torch.softmax(torch.randn(2, 4, 8, generator=g), -1))
+    del a["draft_token_ids"], a["num_draft_tokens"]
+    return a
+
+
+def call_logits_tree(a, backend):
+    return specdec_ops.tree_rejection_sample_logits(a["target_logits"], a["tree_token_ids"], a["parents"],
+                                                    a["num_nodes"], a["draft_probs"], return_logprobs=True,
+                                                    backend=backend, **_sampling_kwargs(a))
+
+
+def process_args():
+    return dict(logits=torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(10)),
+                temperature=torch.tensor([0.7, 0.0]), top_k=torch.tensor([3, 0]), top_p=torch.tensor([0.9, 1.0]),
+                min_p=torch.tensor([0.0, 0.1]))
+
+
+def call_process(a, backend):
+    return specdec_ops.process_logits(a["logits"], a["temperature"], a["top_k"], a["top_p"], a["min_p"],
+                                      backend=backend)
+
+
 def _set(**changes):
     def mutate(a):
         a.update({k: (v(a) if callable(v) else v) for k, v in changes.items()})
@@ -256,6 +317,74 @@ OPS = {
         ("value", "num_tokens", _poke("num_tokens", 0, 0)),
         ("value", "num_tokens", _poke("num_tokens", 1, 4)),
         ("value", "max_tokens", _set(max_tokens=-1)),
+    ]),
+    "process_logits": (process_args, call_process, ("cpu", "reference", "triton"), [
+        ("dtype", "logits", _set(logits=lambda a: a["logits"].double())),
+        ("shape", "logits", _set(logits=lambda a: a["logits"][0, 0])),
+        ("dtype", "top_k", _set(top_k=lambda a: a["top_k"].float())),
+        ("dtype", "temperature", _set(temperature=lambda a: a["temperature"].long())),
+        ("shape", "top_p", _set(top_p=torch.tensor([0.9, 1.0, 1.0]))),
+        ("value", "temperature", _poke("temperature", 0, -1.0)),
+        ("value", "temperature", _poke("temperature", 1, float("nan"))),
+        ("value", "top_k", _poke("top_k", 0, -1)),
+        ("value", "top_p", _poke("top_p", 0, 0.0)),
+        ("value", "top_p", _poke("top_p", 1, 1.5)),
+        ("value", "min_p", _poke("min_p", 1, 1.0)),
+        ("value", "min_p", _poke("min_p", 0, -0.1)),
+    ]),
+    "rejection_sample_logits": (logits_chain_args, call_logits_chain, ("cpu", "reference", "triton"), [
+        ("dtype", "target_logits", _set(target_logits=lambda a: a["target_logits"].double())),
+        ("dtype", "draft_token_ids", _set(draft_token_ids=lambda a: a["draft_token_ids"].float())),
+        ("dtype", "draft_probs", _set(draft_probs=lambda a: a["draft_probs"].long())),
+        ("shape", "target_logits", _set(target_logits=lambda a: a["target_logits"][0])),
+        ("shape", "draft_probs", _set(draft_probs=lambda a: a["draft_probs"][..., :7])),
+        ("value", "draft_token_ids", _poke("draft_token_ids", (0, 1), 8)),
+        ("value", "num_draft_tokens", _poke("num_draft_tokens", 1, 3)),
+        ("dtype", "top_k", _set(top_k=lambda a: a["top_k"].float())),
+        ("dtype", "temperature", _set(temperature=lambda a: a["temperature"].long())),
+        ("shape", "top_p", _set(top_p=torch.tensor([0.9, 1.0, 1.0]))),
+        ("value", "temperature", _poke("temperature", 0, -1.0)),
+        ("value", "temperature", _poke("temperature", 1, float("nan"))),
+        ("value", "top_k", _poke("top_k", 0, -1)),
+        ("value", "top_p", _poke("top_p", 0, 0.0)),
+        ("value", "top_p", _poke("top_p", 1, 1.5)),
+        ("value", "min_p", _poke("min_p", 1, 1.0)),
+        ("value", "min_p", _poke("min_p", 0, -0.1)),
+    ]),
+    "rejection_sample_logits_packed": (logits_packed_args, call_logits_packed, ("cpu", "reference", "triton"), [
+        ("dtype", "target_logits", _set(target_logits=lambda a: a["target_logits"].double())),
+        ("dtype", "cu_num_draft_tokens", _set(cu_num_draft_tokens=lambda a: a["cu_num_draft_tokens"].float())),
+        ("shape", "draft_token_ids", _set(draft_token_ids=torch.tensor([[1, 2, 3]]))),
+        ("value", "cu_num_draft_tokens", _poke("cu_num_draft_tokens", 0, 1)),
+        ("value", "draft_token_ids", _poke("draft_token_ids", 2, 8)),
+        ("dtype", "top_k", _set(top_k=lambda a: a["top_k"].float())),
+        ("dtype", "temperature", _set(temperature=lambda a: a["temperature"].long())),
+        ("shape", "top_p", _set(top_p=torch.tensor([0.9, 1.0, 1.0]))),
+        ("value", "temperature", _poke("temperature", 0, -1.0)),
+        ("value", "temperature", _poke("temperature", 1, float("nan"))),
+        ("value", "top_k", _poke("top_k", 0, -1)),
+        ("value", "top_p", _poke("top_p", 0, 0.0)),
+        ("value", "top_p", _poke("top_p", 1, 1.5)),
+        ("value", "min_p", _poke("min_p", 1, 1.0)),
+        ("value", "min_p", _poke("min_p", 0, -0.1)),
+    ]),
+    "tree_rejection_sample_logits": (logits_tree_args, call_logits_tree, ("cpu", "reference", "triton"), [
+        ("dtype", "target_logits", _set(target_logits=lambda a: a["target_logits"].double())),
+        ("dtype", "parents", _set(parents=lambda a: a["parents"].float())),
+        ("shape", "parents", _set(parents=lambda a: a["parents"][:, :3])),
+        ("value", "parents", _poke("parents", (0, 2), 2)),
+        ("value", "tree_token_ids", _poke("tree_token_ids", (0, 1), 8)),
+        ("value", "num_nodes", _poke("num_nodes", 1, 5)),
+        ("dtype", "top_k", _set(top_k=lambda a: a["top_k"].float())),
+        ("dtype", "temperature", _set(temperature=lambda a: a["temperature"].long())),
+        ("shape", "top_p", _set(top_p=torch.tensor([0.9, 1.0, 1.0]))),
+        ("value", "temperature", _poke("temperature", 0, -1.0)),
+        ("value", "temperature", _poke("temperature", 1, float("nan"))),
+        ("value", "top_k", _poke("top_k", 0, -1)),
+        ("value", "top_p", _poke("top_p", 0, 0.0)),
+        ("value", "top_p", _poke("top_p", 1, 1.5)),
+        ("value", "min_p", _poke("min_p", 1, 1.0)),
+        ("value", "min_p", _poke("min_p", 0, -0.1)),
     ]),
     "topk_grid_to_parents": (grid_args, call_grid, None, [
         ("dtype", "selected", _set(selected=lambda a: a["selected"].float())),
