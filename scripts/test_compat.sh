@@ -17,7 +17,7 @@
 #   bash scripts/test_compat.sh            # prepare (venvs, installs) and run (build, tests) every combination
 #   bash scripts/test_compat.sh prepare    # only the venvs and installs (CI runs this in the background)
 #   bash scripts/test_compat.sh run        # build and test in the venvs that prepare made
-#   SPECDEC_COMPAT=oldest bash scripts/test_compat.sh   # some combinations only (space-separated names)
+#   SPECDEC_COMPAT=oldest bash scripts/test_compat.sh   # some combinations only (space-separated names; empty: none)
 #
 # A failed install or build always fails the run. A failing test fails it only with SPECDEC_COMPAT_STRICT=1
 # (default 0: the failures are listed, and saved in build/compat/<name>/failed.txt).
@@ -34,7 +34,7 @@ COMBOS=(
   "newest 3.11 2.15.0 3.9.0 newest"
 )
 FLOOR="floor 3.11 2.13.0 - 64.0.0"
-SELECTED="${SPECDEC_COMPAT:-oldest newest floor}"
+SELECTED="${SPECDEC_COMPAT-oldest newest floor}"   # set and empty: none
 TEST_DEPS=(numpy scipy pytest expecttest ninja)
 WHEELS="${SPECDEC_WHEELHOUSE:-$HOME/.cache/specdec_ops/wheels}"
 export PIP_CONSTRAINT=/dev/null   # lift /etc/xdg/pip's torch<=2.14.1 cap for these venvs
