@@ -27,7 +27,7 @@ PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
 if [ -z "$PYTHON" ] || ! "$PYTHON" -c "" 2> /dev/null; then
   log "PRECONDITIONS NOT MET: no python on PATH (set PYTHON=/path/to/python)"; exit 3
 fi
-python() { "$PYTHON" "$@"; }
+python() { "$PYTHON" "$@"; }   # (commands under timeout or compute-sanitizer name "$PYTHON" itself)
 # nvcc: CUDA_HOME, then /usr/local/cuda, the newest /usr/local/cuda-*, then PATH (resolved: an nvcc on
 # PATH may be a symlink outside its toolkit, and CUDA_HOME is derived from it below)
 NVCC=""
@@ -114,7 +114,7 @@ log "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=
 log "python $(python --version 2>&1), torch $(python -c 'import torch; print(torch.__version__)')"
 
 log "build (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
-if ! MAX_JOBS="${MAX_JOBS:-16}" timeout 300 python setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+if ! MAX_JOBS="${MAX_JOBS:-16}" timeout 300 "$PYTHON" setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
   log "BUILD FAILED (tail of build.log follows)"; tail -30 "$OUT/build.log" | tee -a "$OUT/summary.txt"; exit 1
 fi
 python -c "from specdec_ops import _ops; assert _ops.cuda_kernels_built(); print('CUDA kernels built')" \
@@ -122,12 +122,12 @@ python -c "from specdec_ops import _ops; assert _ops.cuda_kernels_built(); print
 
 if python -c "import pytest" 2>/dev/null; then
   log "CUDA tests"
-  timeout 240 python -m pytest -q -p no:cacheprovider -m cuda tests > "$OUT/cuda_tests.log" 2>&1
+  timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests > "$OUT/cuda_tests.log" 2>&1
   log "pytest -m cuda exit $?: $(tail -1 "$OUT/cuda_tests.log")"
   SANITIZER="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
   if [ -n "$SANITIZER" ]; then
     log "CUDA tests under compute-sanitizer memcheck (graph tests excluded)"
-    timeout 200 "$SANITIZER" --tool memcheck --error-exitcode 9 python -m pytest -q -p no:cacheprovider -m cuda \
+    timeout 200 "$SANITIZER" --tool memcheck --error-exitcode 9 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda \
       -k "not graph" -x tests > "$OUT/memcheck.log" 2>&1
     log "memcheck exit $?: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ')"
   else
@@ -141,7 +141,7 @@ for bench in bench/bench_*.py; do
   name="$(basename "$bench" .py)"
   [ "$name" = "bench_e2e" ] && [ -z "${WITH_E2E:-}" ] && continue
   log "$name"
-  timeout "${BENCH_TIMEOUT:-150}" python "$bench" --device cuda ${QUICK:+--quick} --json "$OUT/$name.json" \
+  timeout "${BENCH_TIMEOUT:-150}" "$PYTHON" "$bench" --device cuda ${QUICK:+--quick} --json "$OUT/$name.json" \
     > "$OUT/$name.log" 2>&1
   log "$name exit $?"
   tail -40 "$OUT/$name.log" >> "$OUT/summary.txt"
