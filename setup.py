@@ -5,18 +5,76 @@ list from TORCH_CUDA_ARCH_LIST, default "8.0;9.0"); the C++ CPU kernels always.
 SPECDEC_NO_CUDA=1 forces a CPU-only build. Install with
 `pip install --no-build-isolation -e .` so the build sees the installed torch.
 
+Before importing setuptools or torch, the build checks the supported range
+(Python >= 3.11, setuptools >= 64, >= 66.1 on Python 3.12, torch >= 2.11, and an
+nvcc of torch's CUDA major version when CUDA kernels are built) and stops with
+one line naming what is missing.
+
 Sources follow one rule shared with CMakeLists.txt (see `native_sources`): every
 `csrc/**/*.cpp` is a host source, every `csrc/**/*.cu` a CUDA source.
 """
 
 import glob
+import importlib.metadata
 import importlib.util
 import os
+import re
 import shutil
-
-from setuptools import find_packages, setup
+import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# The supported build range (pyproject.toml's [build-system] says the same; tests/test_build.py checks
+# that the two agree). On Python 3.12 setuptools before 66.1 cannot even be imported.
+MIN_PYTHON = (3, 11)
+MIN_SETUPTOOLS = (66, 1) if sys.version_info >= (3, 12) else (64,)
+MIN_TORCH = (2, 11)
+
+
+def release(version):
+    """Leading numeric release of a version string: "2.11.0+cu130" -> (2, 11, 0)."""
+    match = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(p) for p in match.group(0).split(".")) if match else ()
+
+
+def dotted(version):
+    return ".".join(str(p) for p in version)
+
+
+def fail(message):
+    """Stop the build with one line that names the cause."""
+    sys.exit(f"specdec_ops build: {message}")
+
+
+def check_build_requirements():
+    """Python, setuptools and torch, checked before setuptools or torch is imported."""
+    if sys.version_info < MIN_PYTHON:
+        fail(f"Python >= {dotted(MIN_PYTHON)} is required (this is {sys.version.split()[0]})")
+    try:
+        found = importlib.metadata.version("setuptools")
+    except importlib.metadata.PackageNotFoundError:
+        found = None
+    if found is None or release(found) < MIN_SETUPTOOLS:
+        what = f"found {found}" if found else "not installed"
+        fail(f"setuptools >= {dotted(MIN_SETUPTOOLS)} is required on Python {sys.version_info[0]}."
+             f"{sys.version_info[1]} ({what}); run pip install -U setuptools")
+    if importlib.util.find_spec("torch") is None:
+        fail(f"torch >= {dotted(MIN_TORCH)} is required and not installed (the extension compiles against the "
+             f"installed torch): pip install 'torch>={dotted(MIN_TORCH)}', then pip install --no-build-isolation -e .")
+    try:
+        import torch
+    except Exception as exc:  # a broken torch install: say so instead of a traceback from deep inside
+        fail(f"torch is installed but does not import ({type(exc).__name__}: {exc})")
+    if release(torch.__version__) < MIN_TORCH:
+        fail(f"torch >= {dotted(MIN_TORCH)} is required (found {torch.__version__}); "
+             f"run pip install -U 'torch>={dotted(MIN_TORCH)}'")
+
+
+check_build_requirements()
+
+import setuptools  # noqa: E402  (after the checks: on Python 3.12 an old setuptools fails on import)
+from setuptools import find_packages, setup  # noqa: E402
 
 
 def native_sources():
@@ -49,6 +107,13 @@ def want_cuda(torch, cpp_extension):
     if not nvcc or not os.path.exists(nvcc):
         print("specdec_ops: nvcc not found (set CUDA_HOME), building the CPU kernels only")
         return False
+    # torch refuses an nvcc of another CUDA major version, after a long message; say it in one line first.
+    output = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"release (\d+)\.(\d+)", output)
+    if match and match.group(1) != torch.version.cuda.split(".")[0]:
+        fail(f"{nvcc} is CUDA {match.group(1)}.{match.group(2)} but torch {torch.__version__} was built with CUDA "
+             f"{torch.version.cuda}: set CUDA_HOME to a CUDA {torch.version.cuda.split('.')[0]}.x toolkit, or "
+             "SPECDEC_NO_CUDA=1 to build the CPU kernels only")
     return True
 
 
@@ -85,7 +150,12 @@ def extensions():
 
 ext_modules, cmdclass = extensions()
 
+# License metadata: an SPDX expression where setuptools knows the field (>= 77), the plain License field before.
+LICENSE = ({"license_expression": "Apache-2.0"} if release(setuptools.__version__) >= (77,)
+           else {"license": "Apache-2.0"})
+
 setup(
+    **LICENSE,
     packages=find_packages(include=["specdec_ops", "specdec_ops.*"]) + ["specdec_ops.triton_kernels"],
     package_dir={"specdec_ops.triton_kernels": "triton_kernels"},
     ext_modules=ext_modules,

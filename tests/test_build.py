@@ -1,0 +1,129 @@
+"""The build's declared support range and its one-line failures.
+
+setup.py checks Python, setuptools and torch before importing either (on Python 3.12 a setuptools older
+than 66.1 fails on import), and stops with one line naming the cause. These tests run setup.py in a
+subprocess with stand-in packages first on the path: a `torch` whose version is too old, a setuptools
+distribution whose metadata says 60.0.0, or no site-packages at all.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+import tomllib
+import warnings
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETUP = os.path.join(ROOT, "setup.py")
+PYPROJECT = os.path.join(ROOT, "pyproject.toml")
+
+
+def setup_constants():
+    """MIN_PYTHON, MIN_TORCH and MIN_SETUPTOOLS for Python < 3.12 and >= 3.12, read from setup.py's source."""
+    found = {}
+    for node in ast.parse(open(SETUP).read()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id.startswith("MIN_"):
+            value = node.value
+            if isinstance(value, ast.IfExp):  # MIN_SETUPTOOLS = (...) if sys.version_info >= (3, 12) else (...)
+                found[node.targets[0].id] = {"3.12": ast.literal_eval(value.body),
+                                             "3.11": ast.literal_eval(value.orelse)}
+            else:
+                found[node.targets[0].id] = ast.literal_eval(value)
+    return found
+
+
+def dotted(version):
+    return ".".join(str(p) for p in version)
+
+
+def run_setup(tmp_path, *args, python_flags=()):
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    return subprocess.run([sys.executable, *python_flags, SETUP, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def fake_setuptools(tmp_path, version):
+    info = tmp_path / f"setuptools-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: setuptools\nVersion: {version}\n")
+
+
+def test_pyproject_declares_the_minimums_setup_py_enforces():
+    consts = setup_constants()
+    with open(PYPROJECT, "rb") as f:
+        project = tomllib.load(f)
+    requires = project["build-system"]["requires"]
+    assert f"setuptools>={dotted(consts['MIN_SETUPTOOLS']['3.11'])}; python_version < '3.12'" in requires
+    assert f"setuptools>={dotted(consts['MIN_SETUPTOOLS']['3.12'])}; python_version >= '3.12'" in requires
+    torch_min = f"torch>={dotted(consts['MIN_TORCH'])}"
+    assert torch_min in requires
+    assert torch_min in project["project"]["dependencies"]
+    assert project["project"]["requires-python"] == f">={dotted(consts['MIN_PYTHON'])}"
+    assert "triton>=3.6" in project["project"]["optional-dependencies"]["triton"]
+
+
+def test_pyproject_project_table_validates_on_this_setuptools():
+    # The schema check that failed on setuptools 65.5 for the SPDX string `license`; warnings are errors.
+    from setuptools.config.pyprojecttoml import load_file, validate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert validate(load_file(PYPROJECT), PYPROJECT)
+
+
+def test_setup_writes_license_metadata_without_deprecation_warnings(tmp_path):
+    # egg_info applies pyproject.toml as a build does (newer setuptools warn there about deprecated license
+    # forms) and takes the license from setup.py (it is dynamic), without compiling anything.
+    env = dict(os.environ, SPECDEC_NO_CUDA="1")
+    result = subprocess.run([sys.executable, SETUP, "-q", "egg_info", "--egg-base", str(tmp_path)], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "deprecat" not in result.stderr.lower(), result.stderr
+    metadata = (tmp_path / "specdec_ops.egg-info" / "PKG-INFO").read_text().splitlines()
+    assert "Name: specdec_ops" in metadata or "Name: specdec-ops" in metadata  # normalized by older setuptools
+    assert "License-Expression: Apache-2.0" in metadata or "License: Apache-2.0" in metadata
+    assert "License-File: LICENSE" in metadata
+
+
+def test_old_torch_stops_with_one_line(tmp_path):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text('__version__ = "2.10.0+cu128"\n')
+    result = run_setup(tmp_path, "--name")
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("specdec_ops build: torch >= 2.11 is required (found 2.10.0+cu128); "
+                                     "run pip install -U 'torch>=2.11'")
+
+
+def test_old_setuptools_stops_with_one_line(tmp_path):
+    fake_setuptools(tmp_path, "60.0.0")
+    result = run_setup(tmp_path, "--name")
+    minimum = dotted(setup_constants()["MIN_SETUPTOOLS"]["3.12" if sys.version_info >= (3, 12) else "3.11"])
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"specdec_ops build: setuptools >= {minimum} is required on Python {sys.version_info[0]}."
+        f"{sys.version_info[1]} (found 60.0.0); run pip install -U setuptools")
+
+
+def test_missing_torch_stops_with_one_line(tmp_path):
+    # -S: no site-packages, so neither the real torch nor the real setuptools is found; a new enough
+    # setuptools version is stood in so that the torch check is the one that fires.
+    fake_setuptools(tmp_path, "80.0.0")
+    result = run_setup(tmp_path, "--name", python_flags=("-S",))
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("specdec_ops build: torch >= 2.11 is required and not installed")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("version, expected", [("2.11.0+cu130", (2, 11, 0)), ("2.10.0a0+git1234", (2, 10, 0)),
+                                               ("66.1.0", (66, 1, 0)), ("3.9.0", (3, 9, 0))])
+def test_release_parsing_orders_versions_numerically(version, expected):
+    # release() is defined before setup.py imports anything heavy; exec just that function.
+    tree = ast.parse(open(SETUP).read())
+    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "release")
+    namespace = {"re": __import__("re")}
+    exec(compile(ast.Module(body=[func], type_ignores=[]), SETUP, "exec"), namespace)
+    assert namespace["release"](version) == expected
+    assert namespace["release"]("2.9.1") < (2, 11) <= namespace["release"]("2.11.0")
