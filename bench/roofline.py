@@ -220,7 +220,7 @@ def attention_cases():
                                mask_ptr="*i64", table_ptr="*i64", out_ptr="*bf16", lse_ptr="*fp32",
                                qk_scale="fp32"),
                     constexprs=dict(PAGED=False, SKIP_PREFIX=False, BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=128,
-                                    IEEE=False),
+                                    IEEE=False, WHILE_LOOPS=False),
                     num_warps=4, num_stages=2),
         grid=lambda res: (programs * splits, 1), measure=_measure_attention(),
         elems_per_trip=64 / 128)]  # BLOCK_N keys per trip over 4 warps
