@@ -176,7 +176,8 @@ def tree_cases():
 
 
 def kv_cases():
-    """kv_commit: 32 layers of K and V, bf16, B=64, Hk=8, D=128, 3 moves per request (read + write each)."""
+    """kv_commit's move kernels (kv_move_kernel; the seq_lens launch after them moves a few bytes and is not
+    modelled): 32 layers of K and V, bf16, B=64, Hk=8, D=128, 3 moves per request (read + write each)."""
     row = KV["heads"] * KV["head_dim"] * KV["elem"]
     caches = 2 * KV["layers"]
     moved = caches * KV["batch"] * KV["moves"] * row * 2
@@ -185,18 +186,20 @@ def kv_cases():
                   items=caches * KV["batch"], loop="copy")
 
     def cuda_grid(res):
-        # kv_kernels.cu: grid (caches, requests, splits), splits = min(ceil(2 SMs / pairs), units / threads).
+        # kv_kernels.cu kv_move_kernel<true> (paths <= 32 entries): grid (requests, caches, splits),
+        # splits = min(ceil(2 SMs / pairs), units / threads); its small seq_lens launch is not modelled.
         pairs = caches * KV["batch"]
         units = KV["heads"] * KV["head_dim"] * KV["elem"] // 16
         splits = max(1, min(-(-2 * SMS // pairs), -(-units // res["threads"])))
         return pairs * splits, splits
 
     return [
-        Case(name="kv_commit_cuda", backend="cuda", source="csrc/kv/kv_kernels.cu", function=r"kv_commit_kernel",
+        Case(name="kv_commit_cuda", backend="cuda", source="csrc/kv/kv_kernels.cu", function=r"kv_move_kernelILb1E",
              grid=cuda_grid, measure=_measure_kv("cuda"), **common),
-        Case(name="kv_commit_triton", backend="triton", source="triton_kernels.kv_commit:kv_commit_kernel",
-             triton=dict(types=dict(cache_ptr="*i16", seq_lens_ptr="*i64", path_ptr="*i64", block_table_ptr="*i64"),
-                         constexprs=dict(PAGED=False, UPDATE_SEQ_LENS=True, BLOCK_M=4, BLOCK=1024), num_warps=4),
+        Case(name="kv_commit_triton", backend="triton", source="triton_kernels.kv_commit:kv_move_kernel",
+             triton=dict(types=dict(cache_addresses_ptr="*i64", cache_geometry_ptr="*i64", seq_lens_ptr="*i64",
+                                    path_ptr="*i64", block_table_ptr="*i64"),
+                         constexprs=dict(ELEM_BYTES=2, PAGED=False, BLOCK_M=4, BLOCK=1024, ROW_TILES=1), num_warps=4),
              grid=lambda res: (caches * KV["batch"], 1), measure=_measure_kv("triton"), **common),
     ]
 
