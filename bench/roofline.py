@@ -25,6 +25,9 @@ Model and its assumptions (each one a place where a GPU measurement can correct 
   the streamed rows, over the bytes of one element of every stream). Issue time = trips x warps x instructions / (busy SMs x 4 x clock).
 * Latency time = waves x sequential passes x trips per thread per pass x LATENCY_S: each trip waits for
   its loads once (all the loads of one trip are issued before their first use).
+* Kernels with several kinds of vocab-wide loops (the logits kernels: max, radix histogram, exp-sum, race;
+  Case.phases) add up issue and latency time over their loops, each found in the SASS by its kind (see
+  hot_loop) and weighted by its passes; ins/el is then the mean over the passes.
 * predicted = LAUNCH_S + max(bytes / bandwidth, issue time, latency time); % of peak = the time the
   minimum bytes take at 4.8 TB/s / predicted.
 
@@ -33,6 +36,7 @@ Usage::
     python bench/roofline.py                # table; exit 1 on any spill (sm_80 or sm_90) or compile error
     python bench/roofline.py --json out.json
     python bench/roofline.py --only rejection_cuda_draft
+    python bench/roofline.py --only logits  # rejection_sample_logits, CUDA and Triton
     python bench/roofline.py --measure      # on a GPU: also time each kernel (torch.cuda.Event)
 
 Needs nvcc (CUDA_HOME or /usr/local/cuda) and triton; without nvcc it prints a skip note and exits 0.
@@ -102,6 +106,8 @@ class Case:
     grid: object = None          # callable(resources) -> (grid blocks, blocks per item), else from launch bounds
     measure: object = None       # callable() -> seconds on a GPU
     elems_per_trip: float = 0.0  # per thread; 0: from the loop's vector loads (mma tiles: BLOCK_N / threads)
+    phases: list | None = None   # kernels with several vocab-wide loops: [(loop, passes, streams)] per item,
+                                 # replacing loop / streams / passes; issue and latency time add up over them
 
 
 def _rows(n, elem=4):
@@ -170,7 +176,8 @@ def tree_cases():
 
 
 def kv_cases():
-    """kv_commit: 32 layers of K and V, bf16, B=64, Hk=8, D=128, 3 moves per request (read + write each)."""
+    """kv_commit's move kernels (kv_move_kernel; the seq_lens launch after them moves a few bytes and is not
+    modelled): 32 layers of K and V, bf16, B=64, Hk=8, D=128, 3 moves per request (read + write each)."""
     row = KV["heads"] * KV["head_dim"] * KV["elem"]
     caches = 2 * KV["layers"]
     moved = caches * KV["batch"] * KV["moves"] * row * 2
@@ -179,18 +186,20 @@ def kv_cases():
                   items=caches * KV["batch"], loop="copy")
 
     def cuda_grid(res):
-        # kv_kernels.cu: grid (caches, requests, splits), splits = min(ceil(2 SMs / pairs), units / threads).
+        # kv_kernels.cu kv_move_kernel<true> (paths <= 32 entries): grid (requests, caches, splits),
+        # splits = min(ceil(2 SMs / pairs), units / threads); its small seq_lens launch is not modelled.
         pairs = caches * KV["batch"]
         units = KV["heads"] * KV["head_dim"] * KV["elem"] // 16
         splits = max(1, min(-(-2 * SMS // pairs), -(-units // res["threads"])))
         return pairs * splits, splits
 
     return [
-        Case(name="kv_commit_cuda", backend="cuda", source="csrc/kv/kv_kernels.cu", function=r"kv_commit_kernel",
+        Case(name="kv_commit_cuda", backend="cuda", source="csrc/kv/kv_kernels.cu", function=r"kv_move_kernelILb1E",
              grid=cuda_grid, measure=_measure_kv("cuda"), **common),
-        Case(name="kv_commit_triton", backend="triton", source="triton_kernels.kv_commit:kv_commit_kernel",
-             triton=dict(types=dict(cache_ptr="*i16", seq_lens_ptr="*i64", path_ptr="*i64", block_table_ptr="*i64"),
-                         constexprs=dict(PAGED=False, UPDATE_SEQ_LENS=True, BLOCK_M=4, BLOCK=1024), num_warps=4),
+        Case(name="kv_commit_triton", backend="triton", source="triton_kernels.kv_commit:kv_move_kernel",
+             triton=dict(types=dict(cache_addresses_ptr="*i64", cache_geometry_ptr="*i64", seq_lens_ptr="*i64",
+                                    path_ptr="*i64", block_table_ptr="*i64"),
+                         constexprs=dict(ELEM_BYTES=2, PAGED=False, BLOCK_M=4, BLOCK=1024, ROW_TILES=1), num_warps=4),
              grid=lambda res: (caches * KV["batch"], 1), measure=_measure_kv("triton"), **common),
     ]
 
@@ -214,14 +223,63 @@ def attention_cases():
                                mask_ptr="*i64", table_ptr="*i64", out_ptr="*bf16", lse_ptr="*fp32",
                                qk_scale="fp32"),
                     constexprs=dict(PAGED=False, SKIP_PREFIX=False, BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=128,
-                                    IEEE=False),
+                                    IEEE=False, WHILE_LOOPS=False),
                     num_warps=4, num_stages=2),
         grid=lambda res: (programs * splits, 1), measure=_measure_attention(),
         elems_per_trip=64 / 128)]  # BLOCK_N keys per trip over 4 warps
 
 
+def logits_cases():
+    """Chain verification from logits (rejection_sample_logits) B=64 K=4 V=128256 bf16, all drafts accepted.
+
+    All accepted is the worst case in rows: verification must read every one of the K+1 rows (bf16, V x 2
+    bytes each: the minimum), each row's statistics are computed, then the bonus row's race runs. Both
+    kernels are one block (program) per request and walk a row in sequential passes, each reading the row
+    once more: without filters (temperature 1) the max, then the kept mass; with top-p 0.9 also the radix
+    select (CUDA: 4 passes of 8 bits by mass; Triton: the kept mass, then 8 passes of 4 bits); then one race
+    over the bonus row. Scalar reads: the draft's logit (and q(x) with draft probs, bf16) per draft row."""
+    cases = []
+    batch, rows = 64, K + 1
+    row_bytes = V * 2
+    for tag, has_q, top_p in (("onehot", False, False), ("draft", True, False),
+                              ("onehot_topp", False, True), ("draft_topp", True, True)):
+        scalars = batch * K * _sector_reads(2 if has_q else 1)
+        shape = f"B=64 K=4 bf16 {'q' if has_q else 'one-hot'}{', top-p 0.9' if top_p else ''}, all accepted"
+        for backend in ("cuda", "triton"):
+            if backend == "cuda":
+                # row_stats: max, [radix select by mass: 4 passes], kept mass; row_race on the bonus row (its
+                # loop also holds the draft-probs loads, skipped on the bonus row: 2 streams in the body).
+                phases = [("max", rows, 1)] + ([("radix", 4 * rows, 1)] if top_p else []) + \
+                         [("expsum", rows, 1), ("race", 1, 2)]
+            else:
+                # row_stats: row_max, [kept mass, radix_select by mass: 8 passes], total; row_race.
+                phases = [("max", rows, 1)] + ([("radix", 8 * rows, 1)] if top_p else []) + \
+                         [("expsum", 2 * rows if top_p else rows, 1), ("race", 1, 2 if has_q else 1)]
+            passes = sum(n for _, n, _ in phases)
+            common = dict(shape=shape, loop="race", streams=1, elem_bytes=2,
+                          bytes_moved=batch * passes * row_bytes + scalars, min_bytes=batch * rows * row_bytes,
+                          elems_per_pass=V, items=batch, passes=passes, phases=phases,
+                          measure=_measure_logits(has_q, top_p, backend))
+            if backend == "cuda":
+                cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",
+                                  function=r"30rejection_sample_logits_kernelI13__nv_bfloat16S\d_E", **common))
+            else:
+                cases.append(Case(
+                    name=f"logits_triton_{tag}", backend="triton",
+                    source="triton_kernels.logits:rejection_sample_logits_kernel",
+                    triton=dict(types=dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32",
+                                           top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32",
+                                           token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32"),
+                                constexprs=dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, HAS_K=False,
+                                                HAS_P=top_p, HAS_MIN_P=False, LOGPROBS=False, BLOCK_K=8,
+                                                BLOCK=1024),
+                                num_warps=4),
+                    grid=lambda res: (batch, 1), **common))
+    return cases
+
+
 def all_cases():
-    return rejection_cases() + tree_cases() + kv_cases() + attention_cases()
+    return rejection_cases() + tree_cases() + kv_cases() + attention_cases() + logits_cases()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -349,8 +407,17 @@ def philox_groups(body):
     return groups if groups >= 1 and groups == int(groups) else 0  # else the constant sits in a register
 
 
+# A radix histogram loop: shared-memory atomics (CUDA) or 16 bins of counts and mass reduced per tile (Triton's
+# one-hot sums, through shared memory: about 20 block barriers a trip, where a loop with one reduction has 2).
+_HISTOGRAM_BARRIERS = 16
+
+
 def hot_loop(sass, kind, streams, elem_bytes=4):
     """The hot loop of `kind` (see Case.loop) -> (body instructions, cold instruction count) or None.
+
+    Kinds: "race" (Philox), "scan" (no Philox, no stores), "copy" (stores), "mma"; for the logits kernels'
+    passes, none with Philox or stores: "max" (no exp, no histogram), "expsum" (exp, no histogram), "radix"
+    (a histogram: see _HISTOGRAM_BARRIERS); of several inlined versions of those the longest is kept.
 
     Loops are backward branches; of those holding the loads (and, for races, the Philox rounds) the innermost
     are kept, then those with the widest loads (the vectorized path), and of several versions of one source
@@ -379,6 +446,16 @@ def hot_loop(sass, kind, streams, elem_bytes=4):
             continue
         if kind == "mma" and not re.search(r"\b(HMMA|HGMMA)", text):
             continue
+        histogram = "ATOMS" in text or len(re.findall(r"\bBAR\.SYNC", text)) >= _HISTOGRAM_BARRIERS
+        exp = "MUFU.EX2" in text
+        if kind in ("max", "expsum", "radix") and (philox or "STG" in text):
+            continue
+        if kind == "max" and (exp or histogram):
+            continue
+        if kind == "expsum" and (not exp or histogram):
+            continue
+        if kind == "radix" and not histogram:
+            continue
         widest = max(load_bytes(x) for x in body)
         cands.append((lo, hi, sum(load_bytes(x) for x in body if load_bytes(x) == widest), widest))
     inner = [c for c in cands if not any(o is not c and c[0] <= o[0] and o[1] <= c[1] for o in cands)]
@@ -396,7 +473,10 @@ def hot_loop(sass, kind, streams, elem_bytes=4):
         return len(found)
     if kind == "race":
         inner = [c for c in inner if bases(c) == streams] or inner
-    lo, hi = (max if streams > 1 else min)(inner, key=lambda c: (c[2], c[0]))[:2]
+    if kind in ("max", "expsum", "radix"):  # several inlined versions (greedy log-softmax, by count or mass)
+        lo, hi = max(inner, key=lambda c: (c[1] - c[0], c[0]))[:2]  # the longest: an upper bound
+    else:
+        lo, hi = (max if streams > 1 else min)(inner, key=lambda c: (c[2], c[0]))[:2]
     cold = set()
     for j in range(lo, hi + 1):
         if not any(m in sass[j][1] for m in _LOG_MARKERS):
@@ -523,24 +603,40 @@ def predict(case, res):
     else:
         grid, per_item = case.items, 1
     waves = -(-grid // (SMS * max(occ, 1)))
-    loop = hot_loop(res["sass"] or [], case.loop, case.streams, case.elem_bytes)
     row = dict(regs=res["regs"], spills=res["spills"], smem=res["shared"], threads=threads, ctas_per_sm=occ,
                grid=grid, sms_busy=min(grid, SMS), waves=waves, bytes_mb=case.bytes_moved / 1e6,
                bytes_vs_min=case.bytes_moved / case.min_bytes)
     t_mem = case.bytes_moved / BANDWIDTH
     t_issue = t_lat = 0.0
-    if loop is not None:
+    phases = case.phases or [(case.loop, case.passes, case.streams)]
+    found, phase_rows = [], []
+    for kind, passes, streams in phases:
+        loop = hot_loop(res["sass"] or [], kind, streams, case.elem_bytes)
+        if loop is None:
+            if case.phases:
+                raise RuntimeError(f"no {kind!r} loop found in the SASS of {case.name}")
+            continue
         body, cold = loop
         hot = len(body) - cold
         vector = [load_bytes(x) for x in body if load_bytes(x) >= 8]  # the streamed rows (scalars: indices)
         per_trip_bytes = sum(vector) or sum(load_bytes(x) for x in body)
-        elems_per_trip = case.elems_per_trip or per_trip_bytes / (case.streams * case.elem_bytes)
+        elems_per_trip = case.elems_per_trip or per_trip_bytes / (streams * case.elem_bytes)
         trips = math.ceil(case.elems_per_pass / per_item / (threads * elems_per_trip)) if elems_per_trip else 0
         warps_total = grid * (threads // 32)
-        t_issue = case.passes * trips * warps_total * hot / (min(grid, SMS) * ISSUE_PER_SM * CLOCK_HZ)
-        t_lat = waves * case.passes * trips * LATENCY_S
-        row.update(loop_instructions=hot, loop_cold=cold, loads_per_trip_bytes=per_trip_bytes,
-                   instr_per_elem=hot / elems_per_trip if elems_per_trip else None, trips=trips)
+        t_issue += passes * trips * warps_total * hot / (min(grid, SMS) * ISSUE_PER_SM * CLOCK_HZ)
+        t_lat += waves * passes * trips * LATENCY_S
+        found.append((hot, cold, per_trip_bytes, elems_per_trip, trips, passes))
+        phase_rows.append(dict(loop=kind, passes=passes, instructions=hot, cold=cold, elems_per_trip=elems_per_trip,
+                               trips=trips))
+    if found:
+        # ins/el: per element of the whole kernel (all passes), weighted by each pass
+        total_passes = sum(f[5] for f in found)
+        ipe = sum(f[5] * f[0] / f[3] for f in found if f[3]) / total_passes if case.phases else (
+            found[0][0] / found[0][3] if found[0][3] else None)
+        row.update(loop_instructions=found[0][0], loop_cold=found[0][1], loads_per_trip_bytes=found[0][2],
+                   instr_per_elem=ipe, trips=found[0][4])
+        if case.phases:
+            row.update(phases=phase_rows)
     else:
         row.update(loop_instructions=None, loop_cold=None, loads_per_trip_bytes=None, instr_per_elem=None, trips=None)
     predicted = LAUNCH_S + max(t_mem, t_issue, t_lat)
@@ -583,6 +679,31 @@ def _measure_rejection(batch, has_q, greedy, backend):
         flags = torch.full((batch,), greedy, dtype=torch.bool, device="cuda")
         return _time(lambda: specdec_ops.rejection_sample(p, ids, n, draft_probs=q, seeds=seeds, offsets=offsets,
                                                           greedy=flags, backend=backend))
+    return measure
+
+
+def _measure_logits(has_q, top_p, backend):
+    """rejection_sample_logits at the modelled scenario: each draft token's logit spikes 30 above N(0, 1)
+    noise, so p(x) > 0.99 (and top-p 0.9 keeps only x): every draft is accepted (checked before timing)."""
+    def measure():
+        import torch
+
+        import specdec_ops
+        b = 64
+        g = torch.Generator(device="cuda").manual_seed(0)
+        logits = torch.randn(b, K + 1, V, device="cuda", generator=g)
+        ids = torch.randint(0, V, (b, K), device="cuda", generator=g)
+        logits[:, :K].scatter_(2, ids[..., None], 30.0)
+        q = logits[:, :K].softmax(-1).to(torch.bfloat16) if has_q else None
+        logits = logits.to(torch.bfloat16)
+        n = torch.full((b,), K, dtype=torch.int64, device="cuda")
+        seeds = torch.arange(b, device="cuda")
+        offsets = torch.zeros(b, dtype=torch.int64, device="cuda")
+        kwargs = dict(draft_probs=q, top_p=0.9 if top_p else None, seeds=seeds, offsets=offsets, backend=backend)
+        out = specdec_ops.rejection_sample_logits(logits, ids, n, **kwargs)
+        if not bool((out.num_accepted == K).all()):
+            raise RuntimeError("not every draft accepted: the scenario is not the modelled one")
+        return _time(lambda: specdec_ops.rejection_sample_logits(logits, ids, n, **kwargs))
     return measure
 
 
@@ -661,7 +782,10 @@ def format_row(name, r):
     ipe = f"{r['instr_per_elem']:.1f}" if r.get("instr_per_elem") is not None else "-"
     vals = [name, r["regs"], r["spills"], r["smem"], r["threads"], r["ctas_per_sm"], r["grid"], r["waves"],
             r["bytes_mb"], r["bytes_vs_min"], ipe, r["predicted_us"], r["bound"], r["pct_peak"]]
-    return " ".join(fmt.format(v) for (_, fmt), v in zip(COLUMNS, vals))
+    text = [fmt.format(v) for (_, fmt), v in zip(COLUMNS, vals)]
+    if r["pct_peak"] < 9.95:  # one decimal below 10%: the logits kernels' rows would all read 0-2
+        text[-1] = f"{r['pct_peak']:>6.1f}"
+    return " ".join(text)
 
 
 def main(argv=None):
@@ -671,6 +795,9 @@ def main(argv=None):
     ap.add_argument("--measure", action="store_true", help="time every kernel on the GPU next to the prediction")
     args = ap.parse_args(argv)
 
+    # The Triton kernels are compiled ahead of time: the interpreter (a test environment's TRITON_INTERPRET=1)
+    # would hand back InterpretedFunctions without compiled code.
+    os.environ.pop("TRITON_INTERPRET", None)
     nvcc = find_nvcc()
     if nvcc is None:
         print("roofline: SKIP: nvcc not found (set CUDA_HOME); nothing compiled, nothing checked")

@@ -73,3 +73,55 @@ def test_hot_loop_is_the_innermost_backward_branch_with_the_loads():
     body, cold = roofline.hot_loop(sass, "race", streams=1)
     assert len(body) == 7 and cold == 2
     assert roofline.hot_loop(sass, "scan", streams=1) is None  # the only loop runs Philox
+
+
+def test_logits_loop_kinds_tell_max_exp_sum_and_histogram_apart():
+    def loop(*ins):
+        return [(0x00, "MOV R1, R2")] + [(0x10 * (i + 1), x) for i, x in enumerate(ins)] + \
+               [(0x10 * (len(ins) + 1), "@P1 BRA 0x10"), (0x10 * (len(ins) + 2), "EXIT")]
+    max_loop = loop("LDG.E.U16 R4, desc[UR4][R2.64]", "FMNMX R5, R5, R4, !PT")
+    sum_loop = loop("LDG.E.U16 R4, desc[UR4][R2.64]", "MUFU.EX2 R6, R4", "FADD R7, R7, R6")
+    hist_loop = loop("LDG.E.U16 R4, desc[UR4][R2.64]", "MUFU.EX2 R6, R4", "ATOMS.ADD RZ, [R8], R9")
+    triton_hist = loop("LDG.E.U16 R4, desc[UR4][R2.64]", "MUFU.EX2 R6, R4",
+                       *["BAR.SYNC.DEFER_BLOCKING 0x0"] * roofline._HISTOGRAM_BARRIERS)
+    assert roofline.hot_loop(max_loop, "max", 1) is not None
+    assert roofline.hot_loop(max_loop, "expsum", 1) is None
+    assert roofline.hot_loop(sum_loop, "expsum", 1) is not None
+    assert roofline.hot_loop(sum_loop, "max", 1) is None and roofline.hot_loop(sum_loop, "radix", 1) is None
+    for hist in (hist_loop, triton_hist):
+        assert roofline.hot_loop(hist, "radix", 1) is not None
+        assert roofline.hot_loop(hist, "expsum", 1) is None and roofline.hot_loop(hist, "max", 1) is None
+
+
+def test_logits_cases_count_every_pass_over_the_rows():
+    cases = {c.name: c for c in roofline.logits_cases()}
+    row = roofline.V * 2  # bf16
+    rows = roofline.K + 1  # all drafts accepted: every row is read
+    for name, case in cases.items():
+        assert case.min_bytes == 64 * rows * row
+        assert case.passes == sum(n for _, n, _ in case.phases)
+        assert case.bytes_moved >= 64 * case.passes * row
+    # without filters: max + kept mass per row, then the bonus race
+    assert cases["logits_cuda_onehot"].passes == 2 * rows + 1
+    assert cases["logits_triton_draft"].passes == 2 * rows + 1
+    # top-p: CUDA 4 radix passes of 8 bits; Triton the kept mass and 8 radix passes of 4 bits
+    assert cases["logits_cuda_onehot_topp"].passes == 6 * rows + 1
+    assert cases["logits_triton_draft_topp"].passes == 11 * rows + 1
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_roofline_rows_for_the_logits_kernels(tmp_path):
+    out = tmp_path / "roofline.json"
+    result = subprocess.run([sys.executable, SCRIPT, "--only", "logits_cuda_onehot,logits_triton_onehot_topp",
+                             "--json", str(out)], capture_output=True, text=True, timeout=600)
+    data = json.loads(out.read_text())
+    assert not data["errors"], result.stdout + result.stderr
+    rows = data["rows"]
+    assert set(rows) == {"logits_cuda_onehot", "logits_cuda_onehot_topp", "logits_triton_onehot_topp"}
+    for name, row in rows.items():
+        loops = [p["loop"] for p in row["phases"]]
+        assert all(p["instructions"] > 0 and p["trips"] > 0 for p in row["phases"]), name
+        assert loops[0] == "max" and loops[-1] == "race" and ("radix" in loops) == name.endswith("topp"), name
+        assert 0 < row["pct_peak"] <= 100
+    assert rows["logits_cuda_onehot"]["bytes_vs_min"] == pytest.approx(11 / 5, abs=0.01)
