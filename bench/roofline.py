@@ -272,7 +272,7 @@ def logits_cases():
                                            token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32"),
                                 constexprs=dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, HAS_K=False,
                                                 HAS_P=top_p, HAS_MIN_P=False, LOGPROBS=False, BLOCK_K=8,
-                                                BLOCK=1024),
+                                                vocab=V, BLOCK=1024),
                                 num_warps=4),
                     grid=lambda res: (batch, 1), **common))
     return cases

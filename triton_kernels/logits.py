@@ -231,9 +231,9 @@ def row_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, tau, to
     return tl.where(residual & (best_r > 0), best_r_index, best_p_index)
 
 
-@triton.jit(do_not_specialize=["rows", "inner", "vocab"])
+@triton.jit(do_not_specialize=["rows", "inner"])
 def process_logits_kernel(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, probs_ptr, rows, inner,
-                          vocab, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+                          vocab: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
                           HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr):
     j = tl.program_id(0).to(tl.int64)
     t, k, p, mp = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, j // inner, vocab, HAS_T, HAS_K,
@@ -250,7 +250,7 @@ def process_logits_kernel(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min
         tl.store(probs_ptr + j * vocab + idx, prob, mask=inside)
 
 
-@triton.jit(do_not_specialize=["vocab", "num_draft_rows"])
+@triton.jit(do_not_specialize=["num_draft_rows"])
 def rejection_sample_logits_kernel(
     logits_ptr,          # [rows, V] raw logits
     draft_probs_ptr,     # [draft rows, V] (any valid pointer without HAS_DRAFT_PROBS)
@@ -261,7 +261,7 @@ def rejection_sample_logits_kernel(
     token_ids_ptr,       # int64 out [B, K+1]
     num_accepted_ptr,    # int32 out [B]
     logprobs_ptr,        # float32 out [B, K+1] (any valid pointer without LOGPROBS)
-    vocab, max_draft, num_draft_rows,
+    vocab: tl.constexpr, max_draft, num_draft_rows,
     PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr,
     HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr, LOGPROBS: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
@@ -342,10 +342,12 @@ def tree_residual(p, q, zs, js, count):
     r = tl.where(p > 0, p, 0.0)
     qm = tl.where(q > 0, q, 0.0)
     prev = tl.full([], 1.0, tl.float32)
-    for j in range(0, count):
+    j = count * 0
+    while j < count:  # not range(count): triton 3.6's interpreter cannot take a runtime range() bound
         d = tl.math.div_rn(r, prev) - qm
         r = tl.where(d > 0, d, 0.0)
         prev = pick(zs, js, j)
+        j += 1
     return r
 
 
@@ -353,12 +355,14 @@ def tree_residual(p, q, zs, js, count):
 def excluded(idx, zeroed, js, count):
     """Whether each index is among the `count` zeroed tokens (one-hot tree walk)."""
     out = idx < 0
-    for j in range(0, count):
+    j = count * 0
+    while j < count:  # not range(count): see tree_residual
         out = out | (idx == pick(zeroed, js, j))
+        j += 1
     return out
 
 
-@triton.jit(do_not_specialize=["vocab", "nodes"])
+@triton.jit(do_not_specialize=["nodes"])
 def tree_rejection_sample_logits_kernel(
     logits_ptr,          # [B, N, V] raw logits
     draft_probs_ptr,     # [B, N, V] (any valid pointer without HAS_DRAFT_PROBS)
@@ -371,7 +375,7 @@ def tree_rejection_sample_logits_kernel(
     accepted_path_ptr,   # int32 out [B, N]
     num_accepted_ptr,    # int32 out [B]
     logprobs_ptr,        # float32 out [B, N] (any valid pointer without LOGPROBS)
-    vocab, nodes,
+    vocab: tl.constexpr, nodes,
     HAS_NUM_NODES: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr,
     HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr, LOGPROBS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
@@ -401,7 +405,8 @@ def tree_rejection_sample_logits_kernel(
     row_ptr = logits_ptr + (b * nodes) * vocab
     q_row_ptr = draft_probs_ptr + (b * nodes) * vocab
     m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK)
-    for c in range(1, n):
+    c = n * 0 + 1
+    while c < n:  # not range(1, n): n is a runtime value (triton 3.6's interpreter)
         par = tl.load(parents_ptr + b * nodes + c)
         par = tl.where((par >= 0) & (par < c), par, 0)
         x = tl.load(tokens_ptr + b * nodes + c)
@@ -465,6 +470,7 @@ def tree_rejection_sample_logits_kernel(
                 count = tl.zeros_like(count)
             else:
                 rejected = tl.zeros_like(rejected) + 1
+        c += 1
     final = argmax
     if t > 0:
         purpose = tl.where(rejected != 0, PURPOSE_RESIDUAL, PURPOSE_BONUS)
