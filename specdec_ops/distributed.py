@@ -48,8 +48,9 @@ import torch.distributed as dist
 
 from . import logits as _logits
 from ._backend import values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, SpecDecArgumentError, check_device, check_dtype, check_rank,
-                      check_shape, check_tensor, fail, first_bad, rng_inputs)
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, SpecDecArgumentError, check_chain_values, check_cu_num_draft_tokens,
+                      check_cu_values, check_device, check_draft_ids, check_dtype, check_rank, check_shape,
+                      check_tensor, check_tree_values, fail, packed_max_num_draft_tokens, rng_inputs)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput
 
 __all__ = ["rejection_sample_logits", "rejection_sample_logits_packed", "tree_rejection_sample_logits",
@@ -743,14 +744,7 @@ def rejection_sample_logits(
         num_draft = num_draft_tokens.to(torch.int64)
         drafts = draft_token_ids.to(torch.int64)
         if values_checked_here(device):
-            bad = first_bad((num_draft < 0) | (num_draft > max_draft))
-            if bad is not None:
-                fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft[bad])} is outside [0, K = {max_draft}]")
-            used = torch.arange(max_draft, device=device)[None, :] < num_draft[:, None]
-            bad = first_bad(used & ((drafts < 0) | (drafts >= vocab_size)))
-            if bad is not None:
-                fail(f"draft_token_ids{list(bad)} = {int(drafts[bad])} is outside the vocabulary "
-                     f"[0, {vocab_size})")
+            check_chain_values(drafts, num_draft, max_draft, vocab_size)
     except SpecDecArgumentError as e:
         error = e
     flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
@@ -829,12 +823,7 @@ def rejection_sample_logits_packed(
     try:
         check_rank(local_logits, 2, "local_logits", "[T + B, V_local]")
         total_rows, local = local_logits.shape
-        check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]")
-        if cu_num_draft_tokens.shape[0] < 1:
-            fail("cu_num_draft_tokens must have shape [B + 1] with B >= 0, got shape [0]")
-        check_dtype(cu_num_draft_tokens, INDEX_DTYPES, "cu_num_draft_tokens")
-        check_device(cu_num_draft_tokens, device, "cu_num_draft_tokens", "local_logits")
-        batch = cu_num_draft_tokens.shape[0] - 1
+        batch = check_cu_num_draft_tokens(cu_num_draft_tokens, device, "local_logits")
         total = total_rows - batch
         if total < 0:
             fail(f"local_logits must have T + B rows with B = {batch}, got {total_rows}")
@@ -844,33 +833,14 @@ def rejection_sample_logits_packed(
         check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
         _check_draft_probs(draft_probs, (total, local), "[T, V_local]", device)
         cu = cu_num_draft_tokens.to(torch.int64)
-        if max_num_draft_tokens is None:
-            # Reads the largest n_b on the host: pass max_num_draft_tokens to avoid the sync.
-            max_num_draft_tokens = int((cu[1:] - cu[:-1]).max()) if batch else 0
-        elif not isinstance(max_num_draft_tokens, int) or max_num_draft_tokens < 0:
-            fail(f"max_num_draft_tokens must be a non-negative int, got {max_num_draft_tokens!r}")
-        max_draft = max_num_draft_tokens
+        max_draft = packed_max_num_draft_tokens(cu, batch, max_num_draft_tokens)
         params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
         if seeds is not None:
             seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
         drafts_flat = draft_token_ids.to(torch.int64)
         if values_checked_here(device):
-            if int(cu[0]) != 0:
-                fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
-            bad = first_bad(cu[1:] < cu[:-1])
-            if bad is not None:
-                fail(f"cu_num_draft_tokens must be non-decreasing: element {bad[0] + 1} = "
-                     f"{int(cu[bad[0] + 1])} < {int(cu[bad[0]])}")
-            if int(cu[-1]) != total:
-                fail(f"cu_num_draft_tokens[B] = {int(cu[-1])} must equal the number of draft tokens T = {total}")
-            bad = first_bad(cu[1:] - cu[:-1] > max_draft)
-            if bad is not None:
-                fail(f"request {bad[0]} has {int(cu[bad[0] + 1] - cu[bad[0]])} draft tokens, more than "
-                     f"max_num_draft_tokens = {max_draft}")
-            bad = first_bad((drafts_flat < 0) | (drafts_flat >= vocab_size))
-            if bad is not None:
-                fail(f"draft_token_ids[{bad[0]}] = {int(drafts_flat[bad])} is outside the vocabulary "
-                     f"[0, {vocab_size})")
+            check_cu_values(cu, total, max_draft)
+            check_draft_ids(drafts_flat, torch.ones_like(drafts_flat, dtype=torch.bool), vocab_size)
         shape[2] = max_draft
     except SpecDecArgumentError as e:
         error = e
@@ -1086,7 +1056,7 @@ def tree_rejection_sample_logits(
         if seeds is not None:
             seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
         if values_checked_here(device):
-            _logits._check_tree_values(tree_token_ids, parents, num_nodes, vocab_size)
+            check_tree_values(tree_token_ids, parents, num_nodes, vocab_size)
     except SpecDecArgumentError as e:
         error = e
     flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
