@@ -217,3 +217,12 @@ def check_chain_values(draft_token_ids: torch.Tensor, num_draft_tokens: torch.Te
     if bad is not None:
         fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft_tokens[bad])} is outside [0, K = {max_draft}]")
     check_draft_ids(draft_token_ids, torch.arange(max_draft) < num_draft_tokens[:, None], vocab)
+
+
+def check_tree_inputs(tree_token_ids, parents, num_nodes, batch: int, nodes: int, device: torch.device,
+                      ref_name: str) -> None:
+    """Shapes, dtypes and devices of a token tree: tree_token_ids and parents [B, N], num_nodes [B] or None."""
+    for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
+        check_index_tensor(t, (batch, nodes), name, "[B, N]", device, ref_name)
+    if num_nodes is not None:
+        check_index_tensor(num_nodes, (batch,), "num_nodes", "[B]", device, ref_name)

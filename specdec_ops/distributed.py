@@ -48,9 +48,9 @@ import torch.distributed as dist
 
 from . import logits as _logits
 from ._backend import values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, SpecDecArgumentError, check_chain_values, check_cu_num_draft_tokens,
-                      check_cu_values, check_device, check_draft_ids, check_dtype, check_rank, check_shape,
-                      check_tensor, check_tree_values, fail, packed_max_num_draft_tokens, rng_inputs)
+from ._checks import (PROB_DTYPES, SpecDecArgumentError, check_chain_values, check_cu_num_draft_tokens, check_cu_values,
+                      check_device, check_draft_ids, check_dtype, check_index_tensor, check_rank, check_shape,
+                      check_tensor, check_tree_inputs, check_tree_values, fail, packed_max_num_draft_tokens, rng_inputs)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput
 
 __all__ = ["rejection_sample_logits", "rejection_sample_logits_packed", "tree_rejection_sample_logits",
@@ -731,12 +731,8 @@ def rejection_sample_logits(
             fail(f"local_logits must have K+1 >= 1 rows per request, got shape {list(local_logits.shape)}")
         _check_common(local_logits, vocab_start, vocab_size)
         max_draft = k_plus_1 - 1
-        check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
-        check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-        check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
-        check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
-        check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
-        check_device(num_draft_tokens, device, "num_draft_tokens", "local_logits")
+        check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "local_logits")
+        check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "local_logits")
         _check_draft_probs(draft_probs, (batch, max_draft, local), "[B, K, V_local]", device)
         params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
         if seeds is not None:
@@ -828,9 +824,7 @@ def rejection_sample_logits_packed(
         if total < 0:
             fail(f"local_logits must have T + B rows with B = {batch}, got {total_rows}")
         _check_common(local_logits, vocab_start, vocab_size)
-        check_shape(draft_token_ids, (total,), "draft_token_ids", "[T]")
-        check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-        check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
+        check_index_tensor(draft_token_ids, (total,), "draft_token_ids", "[T]", device, "local_logits")
         _check_draft_probs(draft_probs, (total, local), "[T, V_local]", device)
         cu = cu_num_draft_tokens.to(torch.int64)
         max_draft = packed_max_num_draft_tokens(cu, batch, max_num_draft_tokens)
@@ -1043,14 +1037,7 @@ def tree_rejection_sample_logits(
         if nodes < 1:
             fail(f"local_logits must have N >= 1 nodes (node 0 is the root), got shape {list(local_logits.shape)}")
         _check_common(local_logits, vocab_start, vocab_size)
-        for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
-            check_shape(t, (batch, nodes), name, "[B, N]")
-            check_dtype(t, INDEX_DTYPES, name)
-            check_device(t, device, name, "local_logits")
-        if num_nodes is not None:
-            check_shape(num_nodes, (batch,), "num_nodes", "[B]")
-            check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
-            check_device(num_nodes, device, "num_nodes", "local_logits")
+        check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "local_logits")
         _check_draft_probs(draft_probs, (batch, nodes, local), "[B, N, V_local]", device)
         params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
         if seeds is not None:

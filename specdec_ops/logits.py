@@ -40,8 +40,9 @@ import torch
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_chain_values, check_cu_num_draft_tokens, check_cu_values,
-                      check_device, check_draft_ids, check_dtype, check_rank, check_shape, check_tensor,
-                      check_tree_values, fail, first_bad, packed_max_num_draft_tokens, rng_inputs)
+                      check_device, check_draft_ids, check_dtype, check_index_tensor, check_rank, check_shape,
+                      check_tensor, check_tree_inputs, check_tree_values, fail, first_bad, packed_max_num_draft_tokens,
+                      rng_inputs)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput
 
 __all__ = ["process_logits", "rejection_sample_logits", "rejection_sample_logits_packed",
@@ -245,12 +246,8 @@ def rejection_sample_logits(
         fail(f"target_logits must have K+1 >= 1 rows per request, got shape {list(target_logits.shape)}")
     device = target_logits.device
     max_draft = k_plus_1 - 1
-    check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
-    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-    check_device(draft_token_ids, device, "draft_token_ids", "target_logits")
-    check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
-    check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
-    check_device(num_draft_tokens, device, "num_draft_tokens", "target_logits")
+    check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_logits")
+    check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_logits")
     draft_probs = _check_draft_probs(draft_probs, target_logits, (batch, max_draft, vocab), "[B, K, V]")
     params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
@@ -391,14 +388,7 @@ def tree_rejection_sample_logits(
     if nodes < 1:
         fail(f"target_logits must have N >= 1 nodes (node 0 is the root), got shape {list(target_logits.shape)}")
     device = target_logits.device
-    for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
-        check_shape(t, (batch, nodes), name, "[B, N]")
-        check_dtype(t, INDEX_DTYPES, name)
-        check_device(t, device, name, "target_logits")
-    if num_nodes is not None:
-        check_shape(num_nodes, (batch,), "num_nodes", "[B]")
-        check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
-        check_device(num_nodes, device, "num_nodes", "target_logits")
+    check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "target_logits")
     draft_probs = _check_draft_probs(draft_probs, target_logits, (batch, nodes, vocab), "[B, N, V]")
     params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")

@@ -12,8 +12,8 @@ import torch
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, call_native, check_chain_values, check_cu_num_draft_tokens,
-                      check_cu_values, check_device, check_draft_ids, check_dtype, check_greedy, check_rank,
-                      check_shape, fail, packed_max_num_draft_tokens, rng_inputs)
+                      check_cu_values, check_device, check_draft_ids, check_dtype, check_greedy, check_index_tensor,
+                      check_rank, check_shape, fail, packed_max_num_draft_tokens, rng_inputs)
 from .types import SampleOutput
 
 __all__ = ["rejection_sample", "rejection_sample_packed"]
@@ -107,12 +107,8 @@ def rejection_sample(
         fail(f"target_probs must have K+1 >= 1 rows per request, got shape {list(target_probs.shape)}")
     device = target_probs.device
     max_draft = k_plus_1 - 1
-    check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
-    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-    check_device(draft_token_ids, device, "draft_token_ids", "target_probs")
-    check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
-    check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
-    check_device(num_draft_tokens, device, "num_draft_tokens", "target_probs")
+    check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_probs")
+    check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_probs")
     target_probs, draft_probs = _check_probs(target_probs, draft_probs, (batch, max_draft, vocab))
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")

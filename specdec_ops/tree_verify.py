@@ -10,8 +10,8 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, call_native, check_device, check_dtype, check_greedy, check_rank,
-                      check_shape, check_tree_values, fail, rng_inputs)
+from ._checks import (PROB_DTYPES, call_native, check_device, check_dtype, check_greedy, check_rank, check_shape,
+                      check_tree_inputs, check_tree_values, fail, rng_inputs)
 from .types import TreeSampleOutput
 
 __all__ = ["tree_rejection_sample"]
@@ -105,14 +105,7 @@ def tree_rejection_sample(
     if vocab == 0:
         fail("target_probs must have a non-empty vocab dimension V")
     device = target_probs.device
-    for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
-        check_shape(t, (batch, nodes), name, "[B, N]")
-        check_dtype(t, INDEX_DTYPES, name)
-        check_device(t, device, name, "target_probs")
-    if num_nodes is not None:
-        check_shape(num_nodes, (batch,), "num_nodes", "[B]")
-        check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
-        check_device(num_nodes, device, "num_nodes", "target_probs")
+    check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "target_probs")
     if draft_probs is not None:
         check_shape(draft_probs, (batch, nodes, vocab), "draft_probs", "[B, N, V]")
         if draft_probs.dtype != target_probs.dtype:
