@@ -615,10 +615,6 @@ def _agree(comm: _Comm, check_shards: bool, error: Exception | None, fields: lis
     _check_tiling(table[:, :-1], comm.rank)
 
 
-def _optional_flags(*given) -> int:
-    return sum(1 << i for i, g in enumerate(given) if g)
-
-
 def _check_common(local_logits, vocab_start, vocab_size):
     """Checks of the logits' dtype and of vocab_start / vocab_size (the tiling is checked with the other ranks)."""
     check_dtype(local_logits, PROB_DTYPES, "local_logits")
@@ -636,13 +632,30 @@ def _check_draft_probs(draft_probs, shape, shape_str, device):
         check_device(draft_probs, device, "draft_probs", "local_logits")
 
 
-def _shared_seeds(comm: _Comm, seeds, batch, device):
-    """seeds=None: one per request drawn on the group's first rank (torch's default generator)
-    and broadcast, so that every rank races with the same numbers."""
+def _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device):
+    """This rank's checks of the sampling parameters and, when given, of seeds / offsets:
+    (params, seeds, offsets), seeds still None when not given (:func:`_shared_rng` draws them)."""
+    params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
     if seeds is not None:
-        return seeds
+        seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+    return params, seeds, offsets
+
+
+def _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs, *more) -> int:
+    """Which optional arguments are given, as bits (the ranks must agree on them)."""
+    given = (draft_probs is not None, temperature is not None, top_k is not None, top_p is not None,
+             min_p is not None, seeds is not None, bool(return_logprobs), *more)
+    return sum(1 << i for i, g in enumerate(given) if g)
+
+
+def _shared_rng(comm: _Comm, seeds, offsets, batch, device):
+    """(seeds, offsets) after the ranks agreed; seeds=None: one per request drawn on the group's first
+    rank (torch's default generator) and broadcast, so that every rank races with the same numbers."""
+    if seeds is not None:
+        return seeds, offsets
     drawn = torch.randint(0, 2**62, (batch,), dtype=torch.int64).to(device)
-    return comm.all_reduce(drawn if comm.rank == 0 else torch.zeros_like(drawn), dist.ReduceOp.SUM)
+    shared = comm.all_reduce(drawn if comm.rank == 0 else torch.zeros_like(drawn), dist.ReduceOp.SUM)
+    return rng_inputs(shared, offsets, batch, device, "local_logits")
 
 
 def rejection_sample_logits(
@@ -734,22 +747,17 @@ def rejection_sample_logits(
         check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "local_logits")
         check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "local_logits")
         _check_draft_probs(draft_probs, (batch, max_draft, local), "[B, K, V_local]", device)
-        params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
-        if seeds is not None:
-            seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+        params, seeds, offsets = _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device)
         num_draft = num_draft_tokens.to(torch.int64)
         drafts = draft_token_ids.to(torch.int64)
         if values_checked_here(device):
             check_chain_values(drafts, num_draft, max_draft, vocab_size)
     except SpecDecArgumentError as e:
         error = e
-    flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
-                            top_p is not None, min_p is not None, seeds is not None, bool(return_logprobs))
+    flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs)
     _agree(comm, check_shards, error, [_int_or(vocab_start), shape[2] if error is None else -1,
                                        _int_or(vocab_size), shape[0], shape[1], -1, flags])
-    if seeds is None:
-        seeds, offsets = rng_inputs(_shared_seeds(comm, None, batch, device), offsets, batch, device,
-                                    "local_logits")
+    seeds, offsets = _shared_rng(comm, seeds, offsets, batch, device)
     num_draft = num_draft.clamp(0, max_draft)
     flat = local_logits.reshape(batch * k_plus_1, local)
     row_request = torch.arange(batch, device=device).repeat_interleave(k_plus_1)
@@ -828,9 +836,7 @@ def rejection_sample_logits_packed(
         _check_draft_probs(draft_probs, (total, local), "[T, V_local]", device)
         cu = cu_num_draft_tokens.to(torch.int64)
         max_draft = packed_max_num_draft_tokens(cu, batch, max_num_draft_tokens)
-        params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
-        if seeds is not None:
-            seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+        params, seeds, offsets = _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device)
         drafts_flat = draft_token_ids.to(torch.int64)
         if values_checked_here(device):
             check_cu_values(cu, total, max_draft)
@@ -838,14 +844,11 @@ def rejection_sample_logits_packed(
         shape[2] = max_draft
     except SpecDecArgumentError as e:
         error = e
-    flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
-                            top_p is not None, min_p is not None, seeds is not None, bool(return_logprobs))
+    flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs)
     _agree(comm, check_shards, error, [_int_or(vocab_start), shape[1] if error is None else -1,
                                        _int_or(vocab_size), shape[0], cu_num_draft_tokens.shape[0]
                                        if isinstance(cu_num_draft_tokens, torch.Tensor) else -1, shape[2], flags])
-    if seeds is None:
-        seeds, offsets = rng_inputs(_shared_seeds(comm, None, batch, device), offsets, batch, device,
-                                    "local_logits")
+    seeds, offsets = _shared_rng(comm, seeds, offsets, batch, device)
     # Padded views of the ragged layout (fixed shapes, no host sync): slot k of request b.
     num_draft = (cu[1:] - cu[:-1]).clamp(0, max_draft)
     positions = torch.arange(max_draft + 1, device=device)
@@ -1039,21 +1042,16 @@ def tree_rejection_sample_logits(
         _check_common(local_logits, vocab_start, vocab_size)
         check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "local_logits")
         _check_draft_probs(draft_probs, (batch, nodes, local), "[B, N, V_local]", device)
-        params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
-        if seeds is not None:
-            seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+        params, seeds, offsets = _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device)
         if values_checked_here(device):
             check_tree_values(tree_token_ids, parents, num_nodes, vocab_size)
     except SpecDecArgumentError as e:
         error = e
-    flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
-                            top_p is not None, min_p is not None, seeds is not None, bool(return_logprobs),
-                            num_nodes is not None)
+    flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs,
+                           num_nodes is not None)
     _agree(comm, check_shards, error, [_int_or(vocab_start), shape[2] if error is None else -1,
                                        _int_or(vocab_size), shape[0], shape[1], -2, flags])
-    if seeds is None:
-        seeds, offsets = rng_inputs(_shared_seeds(comm, None, batch, device), offsets, batch, device,
-                                    "local_logits")
+    seeds, offsets = _shared_rng(comm, seeds, offsets, batch, device)
     n = torch.full((batch,), nodes, dtype=torch.int64, device=device) if num_nodes is None else \
         num_nodes.to(torch.int64).clamp(1, nodes)
     flat = local_logits.reshape(batch * nodes, local)
