@@ -155,6 +155,22 @@ def check_cu_num_draft_tokens(cu_num_draft_tokens, device: torch.device, ref_nam
     return cu_num_draft_tokens.shape[0] - 1
 
 
+def check_packed_layout(target: torch.Tensor, target_name: str, cu_num_draft_tokens,
+                        draft_token_ids) -> tuple[int, int]:
+    """cu_num_draft_tokens [B + 1] and draft_token_ids [T] of the packed layout, on the device of the
+    (2-D) target, whose rows must number T + B. Returns (B, T)."""
+    device = target.device
+    batch = check_cu_num_draft_tokens(cu_num_draft_tokens, device, target_name)
+    check_rank(draft_token_ids, 1, "draft_token_ids", "[T]")
+    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
+    check_device(draft_token_ids, device, "draft_token_ids", target_name)
+    total = draft_token_ids.shape[0]
+    if target.shape[0] != total + batch:
+        fail(f"{target_name} must have T + B = {total + batch} rows (T = {total} draft tokens, B = {batch} "
+             f"requests), got shape {list(target.shape)}")
+    return batch, total
+
+
 def packed_max_num_draft_tokens(cu_num_draft_tokens: torch.Tensor, batch: int, max_num_draft_tokens) -> int:
     """K of the packed layout: the given max_num_draft_tokens (checked), else the largest n_b (a host read)."""
     if max_num_draft_tokens is None:

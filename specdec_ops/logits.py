@@ -39,10 +39,9 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_chain_values, check_cu_num_draft_tokens, check_cu_values,
-                      check_device, check_draft_ids, check_dtype, check_index_tensor, check_rank, check_shape,
-                      check_tensor, check_tree_inputs, check_tree_values, fail, first_bad, packed_max_num_draft_tokens,
-                      rng_inputs)
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_chain_values, check_cu_values, check_device, check_draft_ids,
+                      check_dtype, check_index_tensor, check_packed_layout, check_rank, check_shape, check_tensor,
+                      check_tree_inputs, check_tree_values, fail, first_bad, packed_max_num_draft_tokens, rng_inputs)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput
 
 __all__ = ["process_logits", "rejection_sample_logits", "rejection_sample_logits_packed",
@@ -306,14 +305,8 @@ def rejection_sample_logits_packed(
     check_rank(target_logits, 2, "target_logits", "[T + B, V]")
     _check_logits(target_logits, "target_logits")
     device = target_logits.device
-    batch = check_cu_num_draft_tokens(cu_num_draft_tokens, device, "target_logits")
-    check_rank(draft_token_ids, 1, "draft_token_ids", "[T]")
-    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-    check_device(draft_token_ids, device, "draft_token_ids", "target_logits")
-    total, vocab = draft_token_ids.shape[0], target_logits.shape[1]
-    if target_logits.shape[0] != total + batch:
-        fail(f"target_logits must have T + B = {total + batch} rows (T = {total} draft tokens, B = {batch} "
-             f"requests), got shape {list(target_logits.shape)}")
+    batch, total = check_packed_layout(target_logits, "target_logits", cu_num_draft_tokens, draft_token_ids)
+    vocab = target_logits.shape[1]
     draft_probs = _check_draft_probs(draft_probs, target_logits, (total, vocab), "[T, V]")
     params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")

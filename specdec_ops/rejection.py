@@ -11,9 +11,9 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, call_native, check_chain_values, check_cu_num_draft_tokens,
-                      check_cu_values, check_device, check_draft_ids, check_dtype, check_greedy, check_index_tensor,
-                      check_rank, check_shape, fail, packed_max_num_draft_tokens, rng_inputs)
+from ._checks import (PROB_DTYPES, call_native, check_chain_values, check_cu_values, check_device, check_draft_ids,
+                      check_dtype, check_greedy, check_index_tensor, check_packed_layout, check_rank, check_shape, fail,
+                      packed_max_num_draft_tokens, rng_inputs)
 from .types import SampleOutput
 
 __all__ = ["rejection_sample", "rejection_sample_packed"]
@@ -164,14 +164,8 @@ def rejection_sample_packed(
     """
     check_rank(target_probs, 2, "target_probs", "[T + B, V]")
     device = target_probs.device
-    batch = check_cu_num_draft_tokens(cu_num_draft_tokens, device, "target_probs")
-    check_rank(draft_token_ids, 1, "draft_token_ids", "[T]")
-    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-    check_device(draft_token_ids, device, "draft_token_ids", "target_probs")
-    total, vocab = draft_token_ids.shape[0], target_probs.shape[1]
-    if target_probs.shape[0] != total + batch:
-        fail(f"target_probs must have T + B = {total + batch} rows (T = {total} draft tokens, B = {batch} "
-             f"requests), got shape {list(target_probs.shape)}")
+    batch, total = check_packed_layout(target_probs, "target_probs", cu_num_draft_tokens, draft_token_ids)
+    vocab = target_probs.shape[1]
     target_probs, draft_probs = _check_probs(target_probs, draft_probs, (total, vocab))
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
