@@ -26,7 +26,8 @@ import zlib
 
 import torch
 
-from common import Table, base_parser, gbps, nvtx_range, peak_bandwidth_gbps, profiled_region, time_fn
+from common import (Table, gbps, nvtx_range, peak_bandwidth_gbps, profiled_region, run_device_table,
+                    time_fn)
 
 import specdec_ops  # noqa: E402  (common puts the checkout on sys.path)
 
@@ -177,18 +178,12 @@ def write_bar_png(path, labels_values, width=480, height=240):
 
 
 def main():
-    parser = base_parser(__doc__)
-    args = parser.parse_args()
-    torch.set_grad_enabled(False)
+    args, table = run_device_table(__doc__, run_gpu, run_cpu)
     if args.device == "cuda":
-        table = run_gpu(args)
         bars = [(f"{r['mode']} {r['backend']}", r["GB/s"]) for r in table.rows]
     else:
-        print(f"CPU, {torch.get_num_threads()} threads; times are medians in ms")
-        table = run_cpu(args)
         bars = [(f"{r['mode']} {name}", r[name]) for r in table.rows
                 for name in ("fused_ms", "torch_sort_ms", "process_logits_ms")]
-    table.write_json(args.json)
     if args.json:
         write_bar_png(args.json.rsplit(".", 1)[0] + ".png", bars)
 

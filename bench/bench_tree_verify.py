@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from common import Table, base_parser, gbps, nvtx_range, peak_bandwidth_gbps, profiled_region, time_fn
+from common import (Table, gbps, nvtx_range, peak_bandwidth_gbps, profiled_region, run_device_table,
+                    time_fn)
 
 import specdec_ops  # noqa: E402  (common puts the checkout on sys.path)
 
@@ -144,15 +145,7 @@ def run_gpu(args):
 
 
 def main():
-    parser = base_parser(__doc__)
-    args = parser.parse_args()
-    torch.set_grad_enabled(False)
-    if args.device == "cuda":
-        table = run_gpu(args)
-    else:
-        print(f"CPU, {torch.get_num_threads()} threads; times are medians in ms")
-        table = run_cpu(args)
-    table.write_json(args.json)
+    run_device_table(__doc__, run_gpu, run_cpu)
 
 
 if __name__ == "__main__":

@@ -119,3 +119,18 @@ class Table:
         if path:
             with open(path, "w") as f:
                 json.dump(self.rows, f, indent=1)
+
+
+def run_device_table(description: str, run_gpu: Callable[[argparse.Namespace], Table],
+                     run_cpu: Callable[[argparse.Namespace], Table], cpu_note: str = ""):
+    """The main() of a kernel benchmark with only the common flags: run_gpu(args) on CUDA, else a
+    "CPU, N threads" line and run_cpu(args); writes --json. Returns (args, table)."""
+    args = base_parser(description).parse_args()
+    torch.set_grad_enabled(False)
+    if args.device == "cuda":
+        table = run_gpu(args)
+    else:
+        print(f"CPU, {torch.get_num_threads()} threads{cpu_note}; times are medians in ms")
+        table = run_cpu(args)
+    table.write_json(args.json)
+    return args, table

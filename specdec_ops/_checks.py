@@ -136,3 +136,109 @@ def first_bad(mask: torch.Tensor):
         return None
     flat = int(mask.reshape(-1).nonzero()[0, 0])
     return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mask.shape))
+
+
+def check_draft_ids(draft_token_ids: torch.Tensor, used: torch.Tensor, vocab: int) -> None:
+    """Value check (CPU tensors): the used draft ids lie in [0, vocab)."""
+    bad = first_bad(used & ((draft_token_ids < 0) | (draft_token_ids >= vocab)))
+    if bad is not None:
+        fail(f"draft_token_ids{list(bad)} = {int(draft_token_ids[bad])} is outside the vocabulary [0, {vocab})")
+
+
+def check_cu_num_draft_tokens(cu_num_draft_tokens, device: torch.device, ref_name: str) -> int:
+    """Rank, dtype and device of the packed layout's cu_num_draft_tokens [B + 1]; returns B."""
+    check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]")
+    if cu_num_draft_tokens.shape[0] < 1:
+        fail("cu_num_draft_tokens must have shape [B + 1] with B >= 0, got shape [0]")
+    check_dtype(cu_num_draft_tokens, INDEX_DTYPES, "cu_num_draft_tokens")
+    check_device(cu_num_draft_tokens, device, "cu_num_draft_tokens", ref_name)
+    return cu_num_draft_tokens.shape[0] - 1
+
+
+def check_packed_layout(target: torch.Tensor, target_name: str, cu_num_draft_tokens,
+                        draft_token_ids) -> tuple[int, int]:
+    """cu_num_draft_tokens [B + 1] and draft_token_ids [T] of the packed layout, on the device of the
+    (2-D) target, whose rows must number T + B. Returns (B, T)."""
+    device = target.device
+    batch = check_cu_num_draft_tokens(cu_num_draft_tokens, device, target_name)
+    check_rank(draft_token_ids, 1, "draft_token_ids", "[T]")
+    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
+    check_device(draft_token_ids, device, "draft_token_ids", target_name)
+    total = draft_token_ids.shape[0]
+    if target.shape[0] != total + batch:
+        fail(f"{target_name} must have T + B = {total + batch} rows (T = {total} draft tokens, B = {batch} "
+             f"requests), got shape {list(target.shape)}")
+    return batch, total
+
+
+def packed_max_num_draft_tokens(cu_num_draft_tokens: torch.Tensor, batch: int, max_num_draft_tokens) -> int:
+    """K of the packed layout: the given max_num_draft_tokens (checked), else the largest n_b (a host read)."""
+    if max_num_draft_tokens is None:
+        # Reads the largest n_b on the host: pass max_num_draft_tokens to avoid the sync.
+        return int((cu_num_draft_tokens[1:] - cu_num_draft_tokens[:-1]).max()) if batch else 0
+    if not isinstance(max_num_draft_tokens, int) or max_num_draft_tokens < 0:
+        fail(f"max_num_draft_tokens must be a non-negative int, got {max_num_draft_tokens!r}")
+    return max_num_draft_tokens
+
+
+def check_cu_values(cu: torch.Tensor, total: int, max_num_draft_tokens: int) -> None:
+    """Value checks (CPU tensors) of cu_num_draft_tokens: starts at 0, non-decreasing, ends at T,
+    no request with more than max_num_draft_tokens drafts."""
+    if int(cu[0]) != 0:
+        fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
+    bad = first_bad(cu[1:] < cu[:-1])
+    if bad is not None:
+        fail(f"cu_num_draft_tokens must be non-decreasing: element {bad[0] + 1} = {int(cu[bad[0] + 1])} "
+             f"< {int(cu[bad[0]])}")
+    if int(cu[-1]) != total:
+        fail(f"cu_num_draft_tokens[B] = {int(cu[-1])} must equal the number of draft tokens T = {total}")
+    bad = first_bad(cu[1:] - cu[:-1] > max_num_draft_tokens)
+    if bad is not None:
+        fail(f"request {bad[0]} has {int(cu[bad[0] + 1] - cu[bad[0]])} draft tokens, more than "
+             f"max_num_draft_tokens = {max_num_draft_tokens}")
+
+
+def check_tree_values(tree_token_ids: torch.Tensor, parents: torch.Tensor, num_nodes, vocab: int) -> None:
+    """Value checks (CPU tensors) of a token tree, as the C++ ops do them (same messages): num_nodes in
+    [1, N], parents[b, 0] = -1, every used node's parent an earlier node, used tokens in [0, vocab)."""
+    batch, nodes = parents.shape
+    if num_nodes is not None:
+        bad = first_bad((num_nodes < 1) | (num_nodes > nodes))
+        if bad is not None:
+            fail(f"num_nodes[{bad[0]}] = {int(num_nodes[bad])} is outside [1, N = {nodes}]")
+        n = num_nodes.to(torch.int64)
+    else:
+        n = torch.full((batch,), nodes, dtype=torch.int64)
+    bad = first_bad(parents[:, 0] != -1)
+    if bad is not None:
+        fail(f"parents[{bad[0]}, 0] = {int(parents[bad[0], 0])} must be -1 (node 0 is the root)")
+    idx = torch.arange(nodes)
+    used = (idx >= 1) & (idx < n[:, None])
+    bad = first_bad(used & ((parents < 0) | (parents >= idx)))
+    if bad is not None:
+        b, i = bad
+        fail(f"parents[{b}, {i}] = {int(parents[b, i])} is malformed: a node's parent must be an earlier node, "
+             f"in [0, {i})")
+    bad = first_bad(used & ((tree_token_ids < 0) | (tree_token_ids >= vocab)))
+    if bad is not None:
+        b, i = bad
+        fail(f"tree_token_ids[{b}, {i}] = {int(tree_token_ids[b, i])} is outside the vocabulary [0, {vocab})")
+
+
+def check_chain_values(draft_token_ids: torch.Tensor, num_draft_tokens: torch.Tensor, max_draft: int,
+                       vocab: int) -> None:
+    """Value checks (CPU tensors) of the padded chain layout: num_draft_tokens in [0, K], the used
+    draft ids (slots k < n_b) in [0, vocab)."""
+    bad = first_bad((num_draft_tokens < 0) | (num_draft_tokens > max_draft))
+    if bad is not None:
+        fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft_tokens[bad])} is outside [0, K = {max_draft}]")
+    check_draft_ids(draft_token_ids, torch.arange(max_draft) < num_draft_tokens[:, None], vocab)
+
+
+def check_tree_inputs(tree_token_ids, parents, num_nodes, batch: int, nodes: int, device: torch.device,
+                      ref_name: str) -> None:
+    """Shapes, dtypes and devices of a token tree: tree_token_ids and parents [B, N], num_nodes [B] or None."""
+    for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
+        check_index_tensor(t, (batch, nodes), name, "[B, N]", device, ref_name)
+    if num_nodes is not None:
+        check_index_tensor(num_nodes, (batch,), "num_nodes", "[B]", device, ref_name)

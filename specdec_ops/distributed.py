@@ -48,8 +48,9 @@ import torch.distributed as dist
 
 from . import logits as _logits
 from ._backend import values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, SpecDecArgumentError, check_device, check_dtype, check_rank,
-                      check_shape, check_tensor, fail, first_bad, rng_inputs)
+from ._checks import (PROB_DTYPES, SpecDecArgumentError, check_chain_values, check_cu_num_draft_tokens, check_cu_values,
+                      check_device, check_draft_ids, check_dtype, check_index_tensor, check_rank, check_shape,
+                      check_tensor, check_tree_inputs, check_tree_values, fail, packed_max_num_draft_tokens, rng_inputs)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput
 
 __all__ = ["rejection_sample_logits", "rejection_sample_logits_packed", "tree_rejection_sample_logits",
@@ -614,10 +615,6 @@ def _agree(comm: _Comm, check_shards: bool, error: Exception | None, fields: lis
     _check_tiling(table[:, :-1], comm.rank)
 
 
-def _optional_flags(*given) -> int:
-    return sum(1 << i for i, g in enumerate(given) if g)
-
-
 def _check_common(local_logits, vocab_start, vocab_size):
     """Checks of the logits' dtype and of vocab_start / vocab_size (the tiling is checked with the other ranks)."""
     check_dtype(local_logits, PROB_DTYPES, "local_logits")
@@ -635,13 +632,30 @@ def _check_draft_probs(draft_probs, shape, shape_str, device):
         check_device(draft_probs, device, "draft_probs", "local_logits")
 
 
-def _shared_seeds(comm: _Comm, seeds, batch, device):
-    """seeds=None: one per request drawn on the group's first rank (torch's default generator)
-    and broadcast, so that every rank races with the same numbers."""
+def _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device):
+    """This rank's checks of the sampling parameters and, when given, of seeds / offsets:
+    (params, seeds, offsets), seeds still None when not given (:func:`_shared_rng` draws them)."""
+    params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
     if seeds is not None:
-        return seeds
+        seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+    return params, seeds, offsets
+
+
+def _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs, *more) -> int:
+    """Which optional arguments are given, as bits (the ranks must agree on them)."""
+    given = (draft_probs is not None, temperature is not None, top_k is not None, top_p is not None,
+             min_p is not None, seeds is not None, bool(return_logprobs), *more)
+    return sum(1 << i for i, g in enumerate(given) if g)
+
+
+def _shared_rng(comm: _Comm, seeds, offsets, batch, device):
+    """(seeds, offsets) after the ranks agreed; seeds=None: one per request drawn on the group's first
+    rank (torch's default generator) and broadcast, so that every rank races with the same numbers."""
+    if seeds is not None:
+        return seeds, offsets
     drawn = torch.randint(0, 2**62, (batch,), dtype=torch.int64).to(device)
-    return comm.all_reduce(drawn if comm.rank == 0 else torch.zeros_like(drawn), dist.ReduceOp.SUM)
+    shared = comm.all_reduce(drawn if comm.rank == 0 else torch.zeros_like(drawn), dist.ReduceOp.SUM)
+    return rng_inputs(shared, offsets, batch, device, "local_logits")
 
 
 def rejection_sample_logits(
@@ -730,36 +744,20 @@ def rejection_sample_logits(
             fail(f"local_logits must have K+1 >= 1 rows per request, got shape {list(local_logits.shape)}")
         _check_common(local_logits, vocab_start, vocab_size)
         max_draft = k_plus_1 - 1
-        check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
-        check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-        check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
-        check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
-        check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
-        check_device(num_draft_tokens, device, "num_draft_tokens", "local_logits")
+        check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "local_logits")
+        check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "local_logits")
         _check_draft_probs(draft_probs, (batch, max_draft, local), "[B, K, V_local]", device)
-        params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
-        if seeds is not None:
-            seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+        params, seeds, offsets = _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device)
         num_draft = num_draft_tokens.to(torch.int64)
         drafts = draft_token_ids.to(torch.int64)
         if values_checked_here(device):
-            bad = first_bad((num_draft < 0) | (num_draft > max_draft))
-            if bad is not None:
-                fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft[bad])} is outside [0, K = {max_draft}]")
-            used = torch.arange(max_draft, device=device)[None, :] < num_draft[:, None]
-            bad = first_bad(used & ((drafts < 0) | (drafts >= vocab_size)))
-            if bad is not None:
-                fail(f"draft_token_ids{list(bad)} = {int(drafts[bad])} is outside the vocabulary "
-                     f"[0, {vocab_size})")
+            check_chain_values(drafts, num_draft, max_draft, vocab_size)
     except SpecDecArgumentError as e:
         error = e
-    flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
-                            top_p is not None, min_p is not None, seeds is not None, bool(return_logprobs))
+    flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs)
     _agree(comm, check_shards, error, [_int_or(vocab_start), shape[2] if error is None else -1,
                                        _int_or(vocab_size), shape[0], shape[1], -1, flags])
-    if seeds is None:
-        seeds, offsets = rng_inputs(_shared_seeds(comm, None, batch, device), offsets, batch, device,
-                                    "local_logits")
+    seeds, offsets = _shared_rng(comm, seeds, offsets, batch, device)
     num_draft = num_draft.clamp(0, max_draft)
     flat = local_logits.reshape(batch * k_plus_1, local)
     row_request = torch.arange(batch, device=device).repeat_interleave(k_plus_1)
@@ -829,59 +827,28 @@ def rejection_sample_logits_packed(
     try:
         check_rank(local_logits, 2, "local_logits", "[T + B, V_local]")
         total_rows, local = local_logits.shape
-        check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]")
-        if cu_num_draft_tokens.shape[0] < 1:
-            fail("cu_num_draft_tokens must have shape [B + 1] with B >= 0, got shape [0]")
-        check_dtype(cu_num_draft_tokens, INDEX_DTYPES, "cu_num_draft_tokens")
-        check_device(cu_num_draft_tokens, device, "cu_num_draft_tokens", "local_logits")
-        batch = cu_num_draft_tokens.shape[0] - 1
+        batch = check_cu_num_draft_tokens(cu_num_draft_tokens, device, "local_logits")
         total = total_rows - batch
         if total < 0:
             fail(f"local_logits must have T + B rows with B = {batch}, got {total_rows}")
         _check_common(local_logits, vocab_start, vocab_size)
-        check_shape(draft_token_ids, (total,), "draft_token_ids", "[T]")
-        check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-        check_device(draft_token_ids, device, "draft_token_ids", "local_logits")
+        check_index_tensor(draft_token_ids, (total,), "draft_token_ids", "[T]", device, "local_logits")
         _check_draft_probs(draft_probs, (total, local), "[T, V_local]", device)
         cu = cu_num_draft_tokens.to(torch.int64)
-        if max_num_draft_tokens is None:
-            # Reads the largest n_b on the host: pass max_num_draft_tokens to avoid the sync.
-            max_num_draft_tokens = int((cu[1:] - cu[:-1]).max()) if batch else 0
-        elif not isinstance(max_num_draft_tokens, int) or max_num_draft_tokens < 0:
-            fail(f"max_num_draft_tokens must be a non-negative int, got {max_num_draft_tokens!r}")
-        max_draft = max_num_draft_tokens
-        params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
-        if seeds is not None:
-            seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+        max_draft = packed_max_num_draft_tokens(cu, batch, max_num_draft_tokens)
+        params, seeds, offsets = _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device)
         drafts_flat = draft_token_ids.to(torch.int64)
         if values_checked_here(device):
-            if int(cu[0]) != 0:
-                fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
-            bad = first_bad(cu[1:] < cu[:-1])
-            if bad is not None:
-                fail(f"cu_num_draft_tokens must be non-decreasing: element {bad[0] + 1} = "
-                     f"{int(cu[bad[0] + 1])} < {int(cu[bad[0]])}")
-            if int(cu[-1]) != total:
-                fail(f"cu_num_draft_tokens[B] = {int(cu[-1])} must equal the number of draft tokens T = {total}")
-            bad = first_bad(cu[1:] - cu[:-1] > max_draft)
-            if bad is not None:
-                fail(f"request {bad[0]} has {int(cu[bad[0] + 1] - cu[bad[0]])} draft tokens, more than "
-                     f"max_num_draft_tokens = {max_draft}")
-            bad = first_bad((drafts_flat < 0) | (drafts_flat >= vocab_size))
-            if bad is not None:
-                fail(f"draft_token_ids[{bad[0]}] = {int(drafts_flat[bad])} is outside the vocabulary "
-                     f"[0, {vocab_size})")
+            check_cu_values(cu, total, max_draft)
+            check_draft_ids(drafts_flat, torch.ones_like(drafts_flat, dtype=torch.bool), vocab_size)
         shape[2] = max_draft
     except SpecDecArgumentError as e:
         error = e
-    flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
-                            top_p is not None, min_p is not None, seeds is not None, bool(return_logprobs))
+    flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs)
     _agree(comm, check_shards, error, [_int_or(vocab_start), shape[1] if error is None else -1,
                                        _int_or(vocab_size), shape[0], cu_num_draft_tokens.shape[0]
                                        if isinstance(cu_num_draft_tokens, torch.Tensor) else -1, shape[2], flags])
-    if seeds is None:
-        seeds, offsets = rng_inputs(_shared_seeds(comm, None, batch, device), offsets, batch, device,
-                                    "local_logits")
+    seeds, offsets = _shared_rng(comm, seeds, offsets, batch, device)
     # Padded views of the ragged layout (fixed shapes, no host sync): slot k of request b.
     num_draft = (cu[1:] - cu[:-1]).clamp(0, max_draft)
     positions = torch.arange(max_draft + 1, device=device)
@@ -1073,30 +1040,18 @@ def tree_rejection_sample_logits(
         if nodes < 1:
             fail(f"local_logits must have N >= 1 nodes (node 0 is the root), got shape {list(local_logits.shape)}")
         _check_common(local_logits, vocab_start, vocab_size)
-        for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
-            check_shape(t, (batch, nodes), name, "[B, N]")
-            check_dtype(t, INDEX_DTYPES, name)
-            check_device(t, device, name, "local_logits")
-        if num_nodes is not None:
-            check_shape(num_nodes, (batch,), "num_nodes", "[B]")
-            check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
-            check_device(num_nodes, device, "num_nodes", "local_logits")
+        check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "local_logits")
         _check_draft_probs(draft_probs, (batch, nodes, local), "[B, N, V_local]", device)
-        params = _logits._sampling(temperature, top_k, top_p, min_p, batch, device, "local_logits")
-        if seeds is not None:
-            seeds, offsets = rng_inputs(seeds, offsets, batch, device, "local_logits")
+        params, seeds, offsets = _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device)
         if values_checked_here(device):
-            _logits._check_tree_values(tree_token_ids, parents, num_nodes, vocab_size)
+            check_tree_values(tree_token_ids, parents, num_nodes, vocab_size)
     except SpecDecArgumentError as e:
         error = e
-    flags = _optional_flags(draft_probs is not None, temperature is not None, top_k is not None,
-                            top_p is not None, min_p is not None, seeds is not None, bool(return_logprobs),
-                            num_nodes is not None)
+    flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs,
+                           num_nodes is not None)
     _agree(comm, check_shards, error, [_int_or(vocab_start), shape[2] if error is None else -1,
                                        _int_or(vocab_size), shape[0], shape[1], -2, flags])
-    if seeds is None:
-        seeds, offsets = rng_inputs(_shared_seeds(comm, None, batch, device), offsets, batch, device,
-                                    "local_logits")
+    seeds, offsets = _shared_rng(comm, seeds, offsets, batch, device)
     n = torch.full((batch,), nodes, dtype=torch.int64, device=device) if num_nodes is None else \
         num_nodes.to(torch.int64).clamp(1, nodes)
     flat = local_logits.reshape(batch * nodes, local)

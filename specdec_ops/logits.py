@@ -39,8 +39,9 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, check_tensor,
-                      fail, first_bad, rng_inputs)
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_chain_values, check_cu_values, check_device, check_draft_ids,
+                      check_dtype, check_index_tensor, check_packed_layout, check_rank, check_shape, check_tensor,
+                      check_tree_inputs, check_tree_values, fail, first_bad, packed_max_num_draft_tokens, rng_inputs)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput
 
 __all__ = ["process_logits", "rejection_sample_logits", "rejection_sample_logits_packed",
@@ -112,37 +113,6 @@ def _check_draft_probs(draft_probs, target_logits, shape, shape_str):
     if draft_probs.dtype not in (target_logits.dtype, torch.float32):
         draft_probs = draft_probs.float()
     return draft_probs
-
-
-def _check_draft_ids(draft_token_ids, used, vocab):
-    bad = first_bad(used & ((draft_token_ids < 0) | (draft_token_ids >= vocab)))
-    if bad is not None:
-        fail(f"draft_token_ids{list(bad)} = {int(draft_token_ids[bad])} is outside the vocabulary [0, {vocab})")
-
-
-def _check_tree_values(tree_token_ids, parents, num_nodes, vocab):
-    batch, nodes = parents.shape
-    if num_nodes is not None:
-        bad = first_bad((num_nodes < 1) | (num_nodes > nodes))
-        if bad is not None:
-            fail(f"num_nodes[{bad[0]}] = {int(num_nodes[bad])} is outside [1, N = {nodes}]")
-        n = num_nodes.to(torch.int64)
-    else:
-        n = torch.full((batch,), nodes, dtype=torch.int64)
-    bad = first_bad(parents[:, 0] != -1)
-    if bad is not None:
-        fail(f"parents[{bad[0]}, 0] = {int(parents[bad[0], 0])} must be -1 (node 0 is the root)")
-    idx = torch.arange(nodes)
-    used = (idx >= 1) & (idx < n[:, None])
-    bad = first_bad(used & ((parents < 0) | (parents >= idx)))
-    if bad is not None:
-        b, i = bad
-        fail(f"parents[{b}, {i}] = {int(parents[b, i])} is malformed: a node's parent must be an earlier node, "
-             f"in [0, {i})")
-    bad = first_bad(used & ((tree_token_ids < 0) | (tree_token_ids >= vocab)))
-    if bad is not None:
-        b, i = bad
-        fail(f"tree_token_ids[{b}, {i}] = {int(tree_token_ids[b, i])} is outside the vocabulary [0, {vocab})")
 
 
 # The logits ops that have a Triton kernel (specdec::<op>_triton), fixed at import.
@@ -275,22 +245,15 @@ def rejection_sample_logits(
         fail(f"target_logits must have K+1 >= 1 rows per request, got shape {list(target_logits.shape)}")
     device = target_logits.device
     max_draft = k_plus_1 - 1
-    check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
-    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-    check_device(draft_token_ids, device, "draft_token_ids", "target_logits")
-    check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
-    check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
-    check_device(num_draft_tokens, device, "num_draft_tokens", "target_logits")
+    check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_logits")
+    check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_logits")
     draft_probs = _check_draft_probs(draft_probs, target_logits, (batch, max_draft, vocab), "[B, K, V]")
     params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
     backend = _backend(backend, device, "rejection_sample_logits")
 
     if values_checked_here(device):
-        bad = first_bad((num_draft_tokens < 0) | (num_draft_tokens > max_draft))
-        if bad is not None:
-            fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft_tokens[bad])} is outside [0, K = {max_draft}]")
-        _check_draft_ids(draft_token_ids, torch.arange(max_draft) < num_draft_tokens[:, None], vocab)
+        check_chain_values(draft_token_ids, num_draft_tokens, max_draft, vocab)
 
     if backend == "reference":
         return LogitsSampleOutput(*reference.rejection_sample_logits(
@@ -341,45 +304,18 @@ def rejection_sample_logits_packed(
     """
     check_rank(target_logits, 2, "target_logits", "[T + B, V]")
     _check_logits(target_logits, "target_logits")
-    check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]")
-    if cu_num_draft_tokens.shape[0] < 1:
-        fail("cu_num_draft_tokens must have shape [B + 1] with B >= 0, got shape [0]")
-    check_dtype(cu_num_draft_tokens, INDEX_DTYPES, "cu_num_draft_tokens")
     device = target_logits.device
-    check_device(cu_num_draft_tokens, device, "cu_num_draft_tokens", "target_logits")
-    batch = cu_num_draft_tokens.shape[0] - 1
-    check_rank(draft_token_ids, 1, "draft_token_ids", "[T]")
-    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-    check_device(draft_token_ids, device, "draft_token_ids", "target_logits")
-    total, vocab = draft_token_ids.shape[0], target_logits.shape[1]
-    if target_logits.shape[0] != total + batch:
-        fail(f"target_logits must have T + B = {total + batch} rows (T = {total} draft tokens, B = {batch} "
-             f"requests), got shape {list(target_logits.shape)}")
+    batch, total = check_packed_layout(target_logits, "target_logits", cu_num_draft_tokens, draft_token_ids)
+    vocab = target_logits.shape[1]
     draft_probs = _check_draft_probs(draft_probs, target_logits, (total, vocab), "[T, V]")
     params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
-    if max_num_draft_tokens is None:
-        # Reads the largest n_b on the host: pass max_num_draft_tokens to avoid the sync.
-        max_num_draft_tokens = int((cu_num_draft_tokens[1:] - cu_num_draft_tokens[:-1]).max()) if batch else 0
-    elif not isinstance(max_num_draft_tokens, int) or max_num_draft_tokens < 0:
-        fail(f"max_num_draft_tokens must be a non-negative int, got {max_num_draft_tokens!r}")
+    max_num_draft_tokens = packed_max_num_draft_tokens(cu_num_draft_tokens, batch, max_num_draft_tokens)
     backend = _backend(backend, device, "rejection_sample_logits_packed")
 
     if values_checked_here(device):
-        cu = cu_num_draft_tokens
-        if int(cu[0]) != 0:
-            fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
-        bad = first_bad(cu[1:] < cu[:-1])
-        if bad is not None:
-            fail(f"cu_num_draft_tokens must be non-decreasing: element {bad[0] + 1} = {int(cu[bad[0] + 1])} "
-                 f"< {int(cu[bad[0]])}")
-        if int(cu[-1]) != total:
-            fail(f"cu_num_draft_tokens[B] = {int(cu[-1])} must equal the number of draft tokens T = {total}")
-        bad = first_bad(cu[1:] - cu[:-1] > max_num_draft_tokens)
-        if bad is not None:
-            fail(f"request {bad[0]} has {int(cu[bad[0] + 1] - cu[bad[0]])} draft tokens, more than "
-                 f"max_num_draft_tokens = {max_num_draft_tokens}")
-        _check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
+        check_cu_values(cu_num_draft_tokens, total, max_num_draft_tokens)
+        check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
 
     if backend == "reference":
         return LogitsSampleOutput(*reference.rejection_sample_logits_packed(
@@ -445,21 +381,14 @@ def tree_rejection_sample_logits(
     if nodes < 1:
         fail(f"target_logits must have N >= 1 nodes (node 0 is the root), got shape {list(target_logits.shape)}")
     device = target_logits.device
-    for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
-        check_shape(t, (batch, nodes), name, "[B, N]")
-        check_dtype(t, INDEX_DTYPES, name)
-        check_device(t, device, name, "target_logits")
-    if num_nodes is not None:
-        check_shape(num_nodes, (batch,), "num_nodes", "[B]")
-        check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
-        check_device(num_nodes, device, "num_nodes", "target_logits")
+    check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "target_logits")
     draft_probs = _check_draft_probs(draft_probs, target_logits, (batch, nodes, vocab), "[B, N, V]")
     params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
     backend = _backend(backend, device, "tree_rejection_sample_logits")
 
     if values_checked_here(device):
-        _check_tree_values(tree_token_ids, parents, num_nodes, vocab)
+        check_tree_values(tree_token_ids, parents, num_nodes, vocab)
 
     if backend == "reference":
         return LogitsTreeSampleOutput(*reference.tree_rejection_sample_logits(

@@ -11,8 +11,9 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, call_native, check_device, check_dtype, check_greedy, check_rank,
-                      check_shape, fail, first_bad, rng_inputs)
+from ._checks import (PROB_DTYPES, call_native, check_chain_values, check_cu_values, check_device, check_draft_ids,
+                      check_dtype, check_greedy, check_index_tensor, check_packed_layout, check_rank, check_shape, fail,
+                      packed_max_num_draft_tokens, rng_inputs)
 from .types import SampleOutput
 
 __all__ = ["rejection_sample", "rejection_sample_packed"]
@@ -34,13 +35,6 @@ def _check_probs(target_probs, draft_probs, draft_shape):
         if draft_probs.dtype != target_probs.dtype:
             target_probs, draft_probs = target_probs.float(), draft_probs.float()
     return target_probs, draft_probs
-
-
-def _check_draft_values(draft_token_ids, used, vocab):
-    bad = first_bad(used & ((draft_token_ids < 0) | (draft_token_ids >= vocab)))
-    if bad is not None:
-        fail(f"draft_token_ids{list(bad)} = {int(draft_token_ids[bad])} is outside the vocabulary [0, {vocab})")
-
 
 
 # ---------------------------------------------------------------------------------------------- padded
@@ -113,12 +107,8 @@ def rejection_sample(
         fail(f"target_probs must have K+1 >= 1 rows per request, got shape {list(target_probs.shape)}")
     device = target_probs.device
     max_draft = k_plus_1 - 1
-    check_shape(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]")
-    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-    check_device(draft_token_ids, device, "draft_token_ids", "target_probs")
-    check_shape(num_draft_tokens, (batch,), "num_draft_tokens", "[B]")
-    check_dtype(num_draft_tokens, INDEX_DTYPES, "num_draft_tokens")
-    check_device(num_draft_tokens, device, "num_draft_tokens", "target_probs")
+    check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_probs")
+    check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_probs")
     target_probs, draft_probs = _check_probs(target_probs, draft_probs, (batch, max_draft, vocab))
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
@@ -126,11 +116,7 @@ def rejection_sample(
                               triton_op="rejection_sample_triton")
 
     if values_checked_here(device, backend):
-        bad = first_bad((num_draft_tokens < 0) | (num_draft_tokens > max_draft))
-        if bad is not None:
-            fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft_tokens[bad])} is outside [0, K = {max_draft}]")
-        used = torch.arange(max_draft) < num_draft_tokens[:, None]
-        _check_draft_values(draft_token_ids, used, vocab)
+        check_chain_values(draft_token_ids, num_draft_tokens, max_draft, vocab)
 
     if backend == "reference":
         return reference.rejection_sample(target_probs, draft_token_ids, num_draft_tokens, draft_probs,
@@ -177,46 +163,19 @@ def rejection_sample_packed(
     Identical to :func:`rejection_sample` on the same requests and seeds.
     """
     check_rank(target_probs, 2, "target_probs", "[T + B, V]")
-    check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]")
-    if cu_num_draft_tokens.shape[0] < 1:
-        fail("cu_num_draft_tokens must have shape [B + 1] with B >= 0, got shape [0]")
-    check_dtype(cu_num_draft_tokens, INDEX_DTYPES, "cu_num_draft_tokens")
     device = target_probs.device
-    check_device(cu_num_draft_tokens, device, "cu_num_draft_tokens", "target_probs")
-    batch = cu_num_draft_tokens.shape[0] - 1
-    check_rank(draft_token_ids, 1, "draft_token_ids", "[T]")
-    check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
-    check_device(draft_token_ids, device, "draft_token_ids", "target_probs")
-    total, vocab = draft_token_ids.shape[0], target_probs.shape[1]
-    if target_probs.shape[0] != total + batch:
-        fail(f"target_probs must have T + B = {total + batch} rows (T = {total} draft tokens, B = {batch} "
-             f"requests), got shape {list(target_probs.shape)}")
+    batch, total = check_packed_layout(target_probs, "target_probs", cu_num_draft_tokens, draft_token_ids)
+    vocab = target_probs.shape[1]
     target_probs, draft_probs = _check_probs(target_probs, draft_probs, (total, vocab))
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
-    if max_num_draft_tokens is None:
-        # Reads the largest n_b on the host: pass max_num_draft_tokens to avoid the sync.
-        max_num_draft_tokens = int((cu_num_draft_tokens[1:] - cu_num_draft_tokens[:-1]).max()) if batch else 0
-    elif not isinstance(max_num_draft_tokens, int) or max_num_draft_tokens < 0:
-        fail(f"max_num_draft_tokens must be a non-negative int, got {max_num_draft_tokens!r}")
+    max_num_draft_tokens = packed_max_num_draft_tokens(cu_num_draft_tokens, batch, max_num_draft_tokens)
     backend = resolve_backend(backend, device, "rejection_sample_packed", native_op="rejection_sample_packed",
                               triton_op="rejection_sample_packed_triton")
 
     if values_checked_here(device, backend):
-        cu = cu_num_draft_tokens
-        if batch >= 0 and int(cu[0]) != 0:
-            fail(f"cu_num_draft_tokens[0] must be 0, got {int(cu[0])}")
-        bad = first_bad(cu[1:] < cu[:-1])
-        if bad is not None:
-            fail(f"cu_num_draft_tokens must be non-decreasing: element {bad[0] + 1} = {int(cu[bad[0] + 1])} "
-                 f"< {int(cu[bad[0]])}")
-        if int(cu[-1]) != total:
-            fail(f"cu_num_draft_tokens[B] = {int(cu[-1])} must equal the number of draft tokens T = {total}")
-        bad = first_bad(cu[1:] - cu[:-1] > max_num_draft_tokens)
-        if bad is not None:
-            fail(f"request {bad[0]} has {int(cu[bad[0] + 1] - cu[bad[0]])} draft tokens, more than "
-                 f"max_num_draft_tokens = {max_num_draft_tokens}")
-        _check_draft_values(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
+        check_cu_values(cu_num_draft_tokens, total, max_num_draft_tokens)
+        check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
 
     if backend == "reference":
         return reference.rejection_sample_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs,

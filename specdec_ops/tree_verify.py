@@ -10,38 +10,12 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, call_native, check_device, check_dtype, check_greedy, check_rank,
-                      check_shape, fail, first_bad, rng_inputs)
+from ._checks import (PROB_DTYPES, call_native, check_device, check_dtype, check_greedy, check_rank, check_shape,
+                      check_tree_inputs, check_tree_values, fail, rng_inputs)
 from .types import TreeSampleOutput
 
 __all__ = ["tree_rejection_sample"]
 
-
-
-def _check_values(tree_token_ids, parents, num_nodes, vocab):
-    """The CPU value checks of the C++ op, in Python (same messages)."""
-    batch, nodes = parents.shape
-    if num_nodes is not None:
-        bad = first_bad((num_nodes < 1) | (num_nodes > nodes))
-        if bad is not None:
-            fail(f"num_nodes[{bad[0]}] = {int(num_nodes[bad])} is outside [1, N = {nodes}]")
-        n = num_nodes.to(torch.int64)
-    else:
-        n = torch.full((batch,), nodes, dtype=torch.int64)
-    bad = first_bad(parents[:, 0] != -1)
-    if bad is not None:
-        fail(f"parents[{bad[0]}, 0] = {int(parents[bad[0], 0])} must be -1 (node 0 is the root)")
-    idx = torch.arange(nodes)
-    used = (idx >= 1) & (idx < n[:, None])
-    bad = first_bad(used & ((parents < 0) | (parents >= idx)))
-    if bad is not None:
-        b, i = bad
-        fail(f"parents[{b}, {i}] = {int(parents[b, i])} is malformed: a node's parent must be an earlier node, "
-             f"in [0, {i})")
-    bad = first_bad(used & ((tree_token_ids < 0) | (tree_token_ids >= vocab)))
-    if bad is not None:
-        b, i = bad
-        fail(f"tree_token_ids[{b}, {i}] = {int(tree_token_ids[b, i])} is outside the vocabulary [0, {vocab})")
 
 
 def tree_rejection_sample(
@@ -131,14 +105,7 @@ def tree_rejection_sample(
     if vocab == 0:
         fail("target_probs must have a non-empty vocab dimension V")
     device = target_probs.device
-    for t, name in ((tree_token_ids, "tree_token_ids"), (parents, "parents")):
-        check_shape(t, (batch, nodes), name, "[B, N]")
-        check_dtype(t, INDEX_DTYPES, name)
-        check_device(t, device, name, "target_probs")
-    if num_nodes is not None:
-        check_shape(num_nodes, (batch,), "num_nodes", "[B]")
-        check_dtype(num_nodes, INDEX_DTYPES, "num_nodes")
-        check_device(num_nodes, device, "num_nodes", "target_probs")
+    check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "target_probs")
     if draft_probs is not None:
         check_shape(draft_probs, (batch, nodes, vocab), "draft_probs", "[B, N, V]")
         if draft_probs.dtype != target_probs.dtype:
@@ -150,7 +117,7 @@ def tree_rejection_sample(
                               triton_op="tree_rejection_sample_triton")
 
     if values_checked_here(device, backend):
-        _check_values(tree_token_ids, parents, num_nodes, vocab)
+        check_tree_values(tree_token_ids, parents, num_nodes, vocab)
 
     if backend == "reference":
         return reference.tree_rejection_sample(target_probs, tree_token_ids, parents, num_nodes, draft_probs,

@@ -7,7 +7,9 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "prob_dtype.h"
 
@@ -35,6 +37,27 @@ inline void check_prob_dtype(const at::Tensor& t, const char* name) {
 inline void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
   TORCH_CHECK_VALUE(t.device() == ref.device(), name, " must be on the same device as ", ref_name, " (", ref.device(),
               "), got ", t.device());
+}
+
+// seeds and offsets: int64 [B] on the device of `ref` (DESIGN.md §5.1).
+inline void check_rng_args(const at::Tensor& seeds, const at::Tensor& offsets, int64_t batch, const at::Tensor& ref,
+                           const char* ref_name) {
+  for (auto [t, name] : {std::pair<const at::Tensor&, const char*>{seeds, "seeds"}, {offsets, "offsets"}}) {
+    check_rank(t, 1, name, "[B]");
+    check_size(t, 0, batch, name, "[B]");
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+    check_same_device(t, ref, name, ref_name);
+  }
+}
+
+// greedy, when given: bool [B] on the device of `ref`.
+inline void check_greedy(const std::optional<at::Tensor>& greedy, int64_t batch, const at::Tensor& ref,
+                         const char* ref_name) {
+  if (!greedy) return;
+  check_rank(*greedy, 1, "greedy", "[B]");
+  check_size(*greedy, 0, batch, "greedy", "[B]");
+  TORCH_CHECK_TYPE(greedy->scalar_type() == at::kBool, "greedy must be bool, got ", greedy->scalar_type());
+  check_same_device(*greedy, ref, "greedy", ref_name);
 }
 
 // The kernels' view of a probability tensor's dtype (checked by check_prob_dtype).

@@ -25,23 +25,13 @@ void check_common(const at::Tensor& target_probs, const std::optional<at::Tensor
   TORCH_CHECK_VALUE(target_probs.size(-1) > 0, "target_probs must have a non-empty vocab dimension");
   check_index_dtype(draft_token_ids, "draft_token_ids");
   check_same_device(draft_token_ids, target_probs, "draft_token_ids", "target_probs");
-  for (auto [t, name] : {std::pair<const at::Tensor&, const char*>{seeds, "seeds"}, {offsets, "offsets"}}) {
-    check_rank(t, 1, name, "[B]");
-    check_size(t, 0, batch, name, "[B]");
-    TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
-    check_same_device(t, target_probs, name, "target_probs");
-  }
+  check_rng_args(seeds, offsets, batch, target_probs, "target_probs");
   if (draft_probs) {
     TORCH_CHECK_TYPE(draft_probs->scalar_type() == target_probs.scalar_type(), "draft_probs must have the dtype of ",
                 "target_probs (", target_probs.scalar_type(), "), got ", draft_probs->scalar_type());
     check_same_device(*draft_probs, target_probs, "draft_probs", "target_probs");
   }
-  if (greedy) {
-    check_rank(*greedy, 1, "greedy", "[B]");
-    check_size(*greedy, 0, batch, "greedy", "[B]");
-    TORCH_CHECK_TYPE(greedy->scalar_type() == at::kBool, "greedy must be bool, got ", greedy->scalar_type());
-    check_same_device(*greedy, target_probs, "greedy", "target_probs");
-  }
+  check_greedy(greedy, batch, target_probs, "target_probs");
 }
 
 // CPU only: index values the kernel would otherwise read out of range. The
