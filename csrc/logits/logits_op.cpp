@@ -33,7 +33,7 @@ void check_param(const std::optional<at::Tensor>& t, at::ScalarType dtype, const
   if (!t) return;
   check_rank(*t, 1, name, "[B]");
   check_size(*t, 0, batch, name, "[B]");
-  TORCH_CHECK(t->scalar_type() == dtype, name, " must be ", dtype, ", got ", t->scalar_type());
+  TORCH_CHECK_TYPE(t->scalar_type() == dtype, name, " must be ", dtype, ", got ", t->scalar_type());
   check_same_device(*t, ref, name, "target_logits");
   out = t->contiguous();
 }
@@ -83,14 +83,14 @@ SamplingParams sampling_view(const SamplingTensors& s) {
 
 void check_logits(const at::Tensor& logits, const char* name) {
   check_prob_dtype(logits, name);
-  TORCH_CHECK(logits.size(-1) > 0, name, " must have a non-empty vocab dimension");
+  TORCH_CHECK_VALUE(logits.size(-1) > 0, name, " must have a non-empty vocab dimension");
 }
 
 void check_rng(const at::Tensor& seeds, const at::Tensor& offsets, int64_t batch, const at::Tensor& ref) {
   for (auto [t, name] : {std::pair<const at::Tensor&, const char*>{seeds, "seeds"}, {offsets, "offsets"}}) {
     check_rank(t, 1, name, "[B]");
     check_size(t, 0, batch, name, "[B]");
-    TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
     check_same_device(t, ref, name, "target_logits");
   }
 }
@@ -99,7 +99,7 @@ void check_rng(const at::Tensor& seeds, const at::Tensor& offsets, int64_t batch
 at::Tensor check_draft(const std::optional<at::Tensor>& draft_probs, const at::Tensor& logits, bool& draft_float32) {
   draft_float32 = false;
   if (!draft_probs) return at::Tensor();
-  TORCH_CHECK(draft_probs->scalar_type() == logits.scalar_type() || draft_probs->scalar_type() == at::kFloat,
+  TORCH_CHECK_TYPE(draft_probs->scalar_type() == logits.scalar_type() || draft_probs->scalar_type() == at::kFloat,
               "draft_probs must be float32 or the dtype of target_logits (", logits.scalar_type(), "), got ",
               draft_probs->scalar_type());
   check_same_device(*draft_probs, logits, "draft_probs", "target_logits");
@@ -110,7 +110,7 @@ at::Tensor check_draft(const std::optional<at::Tensor>& draft_probs, const at::T
 at::Tensor process_logits(const at::Tensor& logits, const std::optional<at::Tensor>& temperature,
                           const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                           const std::optional<at::Tensor>& min_p) {
-  TORCH_CHECK(logits.dim() >= 2, "logits must be at least 2-D [R, ..., V], got shape ", logits.sizes());
+  TORCH_CHECK_VALUE(logits.dim() >= 2, "logits must be at least 2-D [R, ..., V], got shape ", logits.sizes());
   check_logits(logits, "logits");
   const int64_t batch = logits.size(0);
   const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, logits);
@@ -196,10 +196,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits(
   check_rank(target_logits, 3, "target_logits", "[B, K+1, V]");
   check_logits(target_logits, "target_logits");
   const int64_t batch = target_logits.size(0), max_draft = target_logits.size(1) - 1, vocab = target_logits.size(2);
-  TORCH_CHECK(max_draft >= 0, "target_logits must have K+1 >= 1 rows per request, got shape ",
+  TORCH_CHECK_VALUE(max_draft >= 0, "target_logits must have K+1 >= 1 rows per request, got shape ",
               target_logits.sizes());
   check_rank(draft_token_ids, 2, "draft_token_ids", "[B, K]");
-  TORCH_CHECK(draft_token_ids.size(0) == batch && draft_token_ids.size(1) == max_draft,
+  TORCH_CHECK_VALUE(draft_token_ids.size(0) == batch && draft_token_ids.size(1) == max_draft,
               "draft_token_ids must have shape [B, K] = [", batch, ", ", max_draft, "], got ", draft_token_ids.sizes());
   check_index_dtype(draft_token_ids, "draft_token_ids");
   check_rank(num_draft_tokens, 1, "num_draft_tokens", "[B]");
@@ -207,7 +207,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits(
   check_index_dtype(num_draft_tokens, "num_draft_tokens");
   if (draft_probs) {
     check_rank(*draft_probs, 3, "draft_probs", "[B, K, V]");
-    TORCH_CHECK(draft_probs->size(0) == batch && draft_probs->size(1) == max_draft && draft_probs->size(2) == vocab,
+    TORCH_CHECK_VALUE(draft_probs->size(0) == batch && draft_probs->size(1) == max_draft && draft_probs->size(2) == vocab,
                 "draft_probs must have shape [B, K, V] = [", batch, ", ", max_draft, ", ", vocab, "], got ",
                 draft_probs->sizes());
   }
@@ -226,22 +226,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits_packed(
   check_rank(target_logits, 2, "target_logits", "[T + B, V]");
   check_logits(target_logits, "target_logits");
   check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]");
-  TORCH_CHECK(cu_num_draft_tokens.size(0) >= 1, "cu_num_draft_tokens must have shape [B + 1], got ",
+  TORCH_CHECK_VALUE(cu_num_draft_tokens.size(0) >= 1, "cu_num_draft_tokens must have shape [B + 1], got ",
               cu_num_draft_tokens.sizes());
   check_index_dtype(cu_num_draft_tokens, "cu_num_draft_tokens");
   const int64_t batch = cu_num_draft_tokens.size(0) - 1;
   check_rank(draft_token_ids, 1, "draft_token_ids", "[T]");
   check_index_dtype(draft_token_ids, "draft_token_ids");
   const int64_t total = draft_token_ids.size(0);
-  TORCH_CHECK(target_logits.size(0) == total + batch, "target_logits must have T + B = ", total + batch,
+  TORCH_CHECK_VALUE(target_logits.size(0) == total + batch, "target_logits must have T + B = ", total + batch,
               " rows (T = ", total, " draft tokens, B = ", batch, " requests), got shape ", target_logits.sizes());
   if (draft_probs) {
     check_rank(*draft_probs, 2, "draft_probs", "[T, V]");
-    TORCH_CHECK(draft_probs->size(0) == total && draft_probs->size(1) == target_logits.size(1),
+    TORCH_CHECK_VALUE(draft_probs->size(0) == total && draft_probs->size(1) == target_logits.size(1),
                 "draft_probs must have shape [T, V] = [", total, ", ", target_logits.size(1), "], got ",
                 draft_probs->sizes());
   }
-  TORCH_CHECK(max_num_draft_tokens >= 0, "max_num_draft_tokens must be >= 0, got ", max_num_draft_tokens);
+  TORCH_CHECK_VALUE(max_num_draft_tokens >= 0, "max_num_draft_tokens must be >= 0, got ", max_num_draft_tokens);
   check_rng(seeds, offsets, batch, target_logits);
   const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, target_logits);
   return run_chain(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, s, seeds, offsets,
@@ -257,11 +257,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample
   check_rank(target_logits, 3, "target_logits", "[B, N, V]");
   check_logits(target_logits, "target_logits");
   const int64_t batch = target_logits.size(0), nodes = target_logits.size(1);
-  TORCH_CHECK(nodes >= 1, "target_logits must have N >= 1 nodes (the root), got shape ", target_logits.sizes());
+  TORCH_CHECK_VALUE(nodes >= 1, "target_logits must have N >= 1 nodes (the root), got shape ", target_logits.sizes());
   for (auto [t, name] : {std::pair<const at::Tensor&, const char*>{tree_token_ids, "tree_token_ids"},
                          {parents, "parents"}}) {
     check_rank(t, 2, name, "[B, N]");
-    TORCH_CHECK(t.size(0) == batch && t.size(1) == nodes, name, " must have shape [B, N] = [", batch, ", ", nodes,
+    TORCH_CHECK_VALUE(t.size(0) == batch && t.size(1) == nodes, name, " must have shape [B, N] = [", batch, ", ", nodes,
                 "], got ", t.sizes());
     check_index_dtype(t, name);
   }
@@ -271,7 +271,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample
     check_index_dtype(*num_nodes, "num_nodes");
   }
   if (draft_probs) {
-    TORCH_CHECK(draft_probs->sizes() == target_logits.sizes(), "draft_probs must have shape [B, N, V] = ",
+    TORCH_CHECK_VALUE(draft_probs->sizes() == target_logits.sizes(), "draft_probs must have shape [B, N, V] = ",
                 target_logits.sizes(), ", got ", draft_probs->sizes());
   }
   check_rng(seeds, offsets, batch, target_logits);
