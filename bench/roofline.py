@@ -408,8 +408,9 @@ def philox_groups(body):
 
 
 # A radix histogram loop: shared-memory atomics (CUDA) or 16 bins of counts and mass reduced per tile (Triton's
-# one-hot sums, through shared memory: about 20 block barriers a trip, where a loop with one reduction has 2).
-_HISTOGRAM_BARRIERS = 16
+# one-hot sums, through shared memory: 14-20 block barriers a trip depending on the specialization, where a loop
+# with one reduction has 2 and the race's tile argmax 8).
+_HISTOGRAM_BARRIERS = 12
 
 
 def hot_loop(sass, kind, streams, elem_bytes=4):

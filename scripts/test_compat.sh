@@ -26,7 +26,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 STRICT="${SPECDEC_COMPAT_STRICT:-0}"
 DIR="${SPECDEC_COMPAT_DIR:-$ROOT/build/compat}"
-TESTS="${SPECDEC_COMPAT_TESTS:-tests/test_build.py tests/test_rejection.py tests/test_tree_rejection.py tests/test_tree_attention.py tests/test_kv_commit.py tests/test_tree_mask.py}"
+TESTS="${SPECDEC_COMPAT_TESTS:-tests/test_build.py tests/test_rejection.py tests/test_tree_rejection.py tests/test_tree_attention.py tests/test_kv_commit.py tests/test_tree_mask.py tests/test_logits.py tests/test_triton_versions.py tests/test_triton_layout.py}"
 ARCHS="${SPECDEC_COMPAT_ARCHS:-9.0}"
 # name python torch triton setuptools ("newest": whatever the index has that torch accepts)
 COMBOS=(
