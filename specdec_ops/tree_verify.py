@@ -17,7 +17,6 @@ from .types import TreeSampleOutput
 __all__ = ["tree_rejection_sample"]
 
 
-
 def tree_rejection_sample(
     target_probs: torch.Tensor,
     tree_token_ids: torch.Tensor,
