@@ -156,16 +156,21 @@ def check_cu_num_draft_tokens(cu_num_draft_tokens, device: torch.device, ref_nam
 
 
 def check_packed_layout(target: torch.Tensor, target_name: str, cu_num_draft_tokens,
-                        draft_token_ids) -> tuple[int, int]:
+                        draft_token_ids, bonus_rows_optional: bool = False) -> tuple[int, int]:
     """cu_num_draft_tokens [B + 1] and draft_token_ids [T] of the packed layout, on the device of the
-    (2-D) target, whose rows must number T + B. Returns (B, T)."""
+    (2-D) target, whose rows must number T + B (or T, when ``bonus_rows_optional``: the caller was given
+    ``bonus_token_ids`` and reads no bonus row). Returns (B, T)."""
     device = target.device
     batch = check_cu_num_draft_tokens(cu_num_draft_tokens, device, target_name)
     check_rank(draft_token_ids, 1, "draft_token_ids", "[T]")
     check_dtype(draft_token_ids, INDEX_DTYPES, "draft_token_ids")
     check_device(draft_token_ids, device, "draft_token_ids", target_name)
     total = draft_token_ids.shape[0]
-    if target.shape[0] != total + batch:
+    if bonus_rows_optional and target.shape[0] != total + batch:
+        if target.shape[0] != total:
+            fail(f"{target_name} must have T + B = {total + batch} rows, or T = {total} rows when bonus_token_ids "
+                 f"is given (T = {total} draft tokens, B = {batch} requests), got shape {list(target.shape)}")
+    elif target.shape[0] != total + batch:
         fail(f"{target_name} must have T + B = {total + batch} rows (T = {total} draft tokens, B = {batch} "
              f"requests), got shape {list(target.shape)}")
     return batch, total
@@ -226,13 +231,69 @@ def check_tree_values(tree_token_ids: torch.Tensor, parents: torch.Tensor, num_n
 
 
 def check_chain_values(draft_token_ids: torch.Tensor, num_draft_tokens: torch.Tensor, max_draft: int,
-                       vocab: int) -> None:
+                       vocab: int, reject_invalid_drafts: bool = False) -> None:
     """Value checks (CPU tensors) of the padded chain layout: num_draft_tokens in [0, K], the used
-    draft ids (slots k < n_b) in [0, vocab)."""
+    draft ids (slots k < n_b) in [0, vocab) unless ``reject_invalid_drafts`` (then any id is allowed:
+    an id outside the vocabulary is rejected at its position)."""
     bad = first_bad((num_draft_tokens < 0) | (num_draft_tokens > max_draft))
     if bad is not None:
         fail(f"num_draft_tokens[{bad[0]}] = {int(num_draft_tokens[bad])} is outside [0, K = {max_draft}]")
-    check_draft_ids(draft_token_ids, torch.arange(max_draft) < num_draft_tokens[:, None], vocab)
+    if not reject_invalid_drafts:
+        check_draft_ids(draft_token_ids, torch.arange(max_draft) < num_draft_tokens[:, None], vocab)
+
+
+# ------------------------------------------------------------------- engine keywords of the chain ops
+
+
+def check_reject_invalid_drafts(reject_invalid_drafts) -> bool:
+    """``reject_invalid_drafts`` must be a Python bool (it selects a code path, it is not data)."""
+    if not isinstance(reject_invalid_drafts, bool):
+        fail(f"reject_invalid_drafts must be a bool, got {reject_invalid_drafts!r}")
+    return reject_invalid_drafts
+
+
+def check_bonus_token_ids(bonus_token_ids, batch: int, device: torch.device, ref_name: str):
+    """bonus_token_ids: None, or int32/int64 [B] or [B, 1] on the target's device. Returns None or a
+    [B] view (no copy)."""
+    if bonus_token_ids is None:
+        return None
+    check_tensor(bonus_token_ids, "bonus_token_ids")
+    if bonus_token_ids.dim() == 2 and tuple(bonus_token_ids.shape) == (batch, 1):
+        bonus_token_ids = bonus_token_ids.view(batch) if bonus_token_ids.is_contiguous() \
+            else bonus_token_ids[:, 0]
+    check_shape(bonus_token_ids, (batch,), "bonus_token_ids", "[B] or [B, 1]")
+    check_dtype(bonus_token_ids, INDEX_DTYPES, "bonus_token_ids")
+    check_device(bonus_token_ids, device, "bonus_token_ids", ref_name)
+    return bonus_token_ids
+
+
+def check_bonus_values(bonus_token_ids: torch.Tensor, vocab: int) -> None:
+    """Value check (CPU tensors): every bonus id lies in [0, vocab)."""
+    bad = first_bad((bonus_token_ids < 0) | (bonus_token_ids >= vocab))
+    if bad is not None:
+        fail(f"bonus_token_ids[{bad[0]}] = {int(bonus_token_ids[bad])} is outside the vocabulary [0, {vocab})")
+
+
+def check_synthetic_rates(rates, num_positions: int, device: torch.device, ref_name: str):
+    """synthetic_acceptance_rates: None, or float32 [R] with R >= K (the draft positions), on the
+    target's device. Returns the tensor unchanged."""
+    if rates is None:
+        return None
+    check_tensor(rates, "synthetic_acceptance_rates")
+    check_rank(rates, 1, "synthetic_acceptance_rates", "[R], R >= K")
+    check_dtype(rates, (torch.float32,), "synthetic_acceptance_rates")
+    check_device(rates, device, "synthetic_acceptance_rates", ref_name)
+    if rates.shape[0] < num_positions:
+        fail(f"synthetic_acceptance_rates must have one rate per draft position (R >= K = {num_positions}), "
+             f"got shape {list(rates.shape)}")
+    return rates
+
+
+def check_synthetic_values(rates: torch.Tensor) -> None:
+    """Value check (CPU tensors): every rate lies in [0, 1] (NaN is refused)."""
+    bad = first_bad(~((rates >= 0) & (rates <= 1)))
+    if bad is not None:
+        fail(f"synthetic_acceptance_rates[{bad[0]}] = {float(rates[bad])} is outside [0, 1]")
 
 
 def check_tree_inputs(tree_token_ids, parents, num_nodes, batch: int, nodes: int, device: torch.device,
