@@ -952,6 +952,58 @@ def test_cuda_bad_values_are_safe():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("vocab", [24, 8193])
+def test_cuda_keywords_equal_cpu(draft_probs, vocab):
+    # Every keyword combination on the GPU against the C++ CPU kernel, padded and packed, with and
+    # without bonus rows; the Triton kernel on the GPU too.
+    args, greedy, bonus, rates = _mixed_keyword_batch(70 + vocab, draft_probs)
+    if vocab != 24:
+        args = make_batch(9, 4, vocab, draft_probs=draft_probs, seed=vocab, temperature=0.3)
+        args["draft_token_ids"][::3, 1] = -1
+    k = args["draft_token_ids"].shape[1]
+    n = args["num_draft_tokens"]
+    rows = torch.cat([args["target_probs"][b, : int(n[b])] for b in range(len(n))])
+    for kw in (dict(bonus_token_ids=bonus, reject_invalid_drafts=True),
+               dict(reject_invalid_drafts=True, synthetic_acceptance_rates=rates),
+               dict(bonus_token_ids=bonus, reject_invalid_drafts=True, synthetic_acceptance_rates=rates)):
+        cpu = call(dict(args, **kw), "cpu", greedy)
+        gpu_kw = {key: (v.cuda() if isinstance(v, torch.Tensor) else v) for key, v in kw.items()}
+        gpu = call(dict(_to(args, "cuda"), **gpu_kw), "cuda", greedy.cuda())
+        assert torch.equal(gpu.num_accepted.cpu(), cpu.num_accepted)
+        assert (gpu.token_ids.cpu() == cpu.token_ids).all(-1).float().mean() >= 0.99  # rare logf ulps ties
+        packed = call_packed(dict(_to(to_packed(args), "cuda"), **gpu_kw), "cuda", k=k, greedy=greedy.cuda())
+        assert torch.equal(packed.token_ids, gpu.token_ids)
+        if "bonus_token_ids" in kw:
+            short = call(dict(_to(args, "cuda"), target_probs=args["target_probs"][:, :k].contiguous().cuda(),
+                              **gpu_kw), "cuda", greedy.cuda())
+            assert torch.equal(short.token_ids, gpu.token_ids)
+            flat = call_packed(dict(_to(to_packed(args), "cuda"), target_probs=rows.cuda(), **gpu_kw), "cuda", k=k,
+                               greedy=greedy.cuda())
+            assert torch.equal(flat.token_ids, gpu.token_ids)
+        if HAS_TRITON:
+            tri = call(dict(_to(args, "cuda"), **gpu_kw), "triton", greedy.cuda())
+            assert torch.equal(tri.num_accepted, gpu.num_accepted)
+            assert (tri.token_ids == gpu.token_ids).all(-1).float().mean() >= 0.99
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_cuda_bad_keyword_values_are_safe(backend):
+    # GPU: bonus ids clamped into [0, V-1], NaN rates never accept, rates outside [0, 1] used as given.
+    if backend == "triton" and not HAS_TRITON:
+        pytest.skip("triton not installed")
+    args = _to(make_batch(4, 2, 50, seed=5), "cuda")
+    args["num_draft_tokens"] = torch.tensor([0, 0, 2, 2], device="cuda")
+    bonus = torch.tensor([-3, 10**6, 7, 8], device="cuda")
+    out = call(dict(args, bonus_token_ids=bonus, synthetic_acceptance_rates=torch.tensor([2.0, -1.0], device="cuda")),
+               backend)
+    assert out.token_ids[:2, 0].tolist() == [0, 49] and out.num_accepted.tolist() == [0, 0, 1, 1]
+    nan = call(dict(args, synthetic_acceptance_rates=torch.full((2,), float("nan"), device="cuda")), backend)
+    assert nan.num_accepted.tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.cuda
 def test_cuda_graph_capture_and_replay():
     args = _to(make_batch(8, 4, 1000, seed=4), "cuda")
     greedy = torch.zeros(8, dtype=torch.bool, device="cuda")
