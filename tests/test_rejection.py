@@ -683,7 +683,8 @@ def test_correction_after_a_placeholder_follows_the_residual(draft_probs):
     out = specdec_ops.rejection_sample(p.expand(batch, 2, vocab).contiguous(), torch.full((batch, 1), -1),
                                        torch.ones(batch, dtype=torch.int64),
                                        q.expand(batch, 1, vocab).contiguous() if draft_probs else None,
-                                       seeds=torch.arange(batch) * 31 + 5, offsets=torch.zeros(batch, dtype=torch.int64),
+                                       seeds=torch.arange(batch) * 31 + 5,
+                                       offsets=torch.zeros(batch, dtype=torch.int64),
                                        reject_invalid_drafts=True, backend="cpu")
     assert (out.num_accepted == 0).all()
     expected = (p[0] - q[0]).clamp(min=0).double() if draft_probs else p[0].double()
@@ -749,7 +750,8 @@ def test_correction_after_a_forced_rejection_follows_the_residual(draft_probs):
     out = specdec_ops.rejection_sample(p.expand(batch, 2, vocab).contiguous(), torch.full((batch, 1), x),
                                        torch.ones(batch, dtype=torch.int64),
                                        q.expand(batch, 1, vocab).contiguous() if draft_probs else None,
-                                       seeds=torch.arange(batch) * 13 + 2, offsets=torch.zeros(batch, dtype=torch.int64),
+                                       seeds=torch.arange(batch) * 13 + 2,
+                                       offsets=torch.zeros(batch, dtype=torch.int64),
                                        synthetic_acceptance_rates=torch.zeros(1), backend="cpu")
     assert (out.num_accepted == 0).all()
     if draft_probs:
