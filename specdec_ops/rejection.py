@@ -112,7 +112,8 @@ def rejection_sample(
         (greedy too) accept a draft id in [0, V) iff the position's acceptance
         uniform u_k < rate[k]; the probabilities play no part in the test. At
         the first rejection the usual correction token, else the bonus token.
-        On CPU a rate outside [0, 1] (or NaN) raises; on the GPU rates are used
+        An id outside [0, V) is rejected in this mode, without an error on CPU
+        (as with ``reject_invalid_drafts``). On CPU a rate outside [0, 1] (or NaN) raises; on the GPU rates are used
         as given (NaN never accepts).
 
     Returns
@@ -122,7 +123,7 @@ def rejection_sample(
         then -1. Request b emits num_accepted[b] + 1 tokens.
 
     On CPU, n_b outside [0, K] and ids out of [0, V) in used slots (unless
-    ``reject_invalid_drafts``) raise ValueError. On the GPU (no host sync) an
+    ``reject_invalid_drafts`` or synthetic rates) raise ValueError. On the GPU (no host sync) an
     out-of-range draft id is rejected and n_b is clamped into [0, K].
 
     Example
@@ -158,7 +159,7 @@ def rejection_sample(
 
     if values_checked_here(device, backend):
         check_chain_values(draft_token_ids, num_draft_tokens, max_draft, vocab,
-                           reject_invalid_drafts=reject_invalid_drafts)
+                           reject_invalid_drafts=reject_invalid_drafts or rates is not None)
         _check_keyword_values(bonus_token_ids, rates, vocab)
 
     if backend == "reference":
@@ -232,7 +233,7 @@ def rejection_sample_packed(
 
     if values_checked_here(device, backend):
         check_cu_values(cu_num_draft_tokens, total, max_num_draft_tokens)
-        if not reject_invalid_drafts:
+        if not (reject_invalid_drafts or rates is not None):
             check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
         _check_keyword_values(bonus_token_ids, rates, vocab)
 

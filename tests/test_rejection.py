@@ -709,12 +709,15 @@ def test_synthetic_rates_force_the_acceptance_length(cpu_backend):
             assert int(out.token_ids[b, 2]) == int(torch.argmax(args["target_probs"][b, 2]))
     zero = call(dict(args, synthetic_acceptance_rates=torch.zeros(6)), cpu_backend, greedy)  # R > K is allowed
     assert (zero.num_accepted == 0).all()
-    # An invalid id is rejected even at rate 1 (no error with synthetic rates plus reject_invalid_drafts).
+    # An invalid id is rejected even at rate 1, without an error on CPU in this mode (no reject_invalid_drafts).
     ids = args["draft_token_ids"].clone()
     ids[0, 1] = -1
-    bad = call(dict(args, draft_token_ids=ids, synthetic_acceptance_rates=torch.ones(4), reject_invalid_drafts=True),
-               cpu_backend, greedy)
-    assert int(bad.num_accepted[0]) == 1 and (bad.num_accepted[1:].long() == n[1:]).all()
+    ids[1, 2] = 30
+    bad = call(dict(args, draft_token_ids=ids, synthetic_acceptance_rates=torch.ones(4)), cpu_backend, greedy)
+    assert bad.num_accepted[:2].tolist() == [1, 2] and (bad.num_accepted[2:].long() == n[2:]).all()
+    packed = call_packed(dict(to_packed(dict(args, draft_token_ids=ids)), synthetic_acceptance_rates=torch.ones(4)),
+                         cpu_backend, k=4, greedy=greedy)
+    assert_same(packed, bad)
 
 
 def test_synthetic_acceptance_lengths_follow_the_rates():

@@ -146,7 +146,8 @@ std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& target_probs, const at:
   p.num_accepted = num_accepted.mutable_data_ptr<int32_t>();
 
   if (target.is_cpu()) {
-    check_values_cpu(p, lengths_name, reject_invalid_drafts, rates.defined() ? rates.numel() : 0);
+    // Synthetic acceptance rejects an id outside the vocabulary too, without an error (issue #14).
+    check_values_cpu(p, lengths_name, reject_invalid_drafts || rates.defined(), rates.defined() ? rates.numel() : 0);
     rejection_sample_cpu(p);
   } else {
 #ifdef SPECDEC_WITH_CUDA
