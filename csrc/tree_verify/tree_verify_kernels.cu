@@ -21,7 +21,7 @@
 //   * draft_probs: none while children are accepted (the test reads p_u(x), q_u(x));
 //     after each rejection the sum of the next residual, and after the last child's
 //     rejection the final race in the same pass (TreeResidualRace);
-//   * a leaf: the race over p_u.
+//   * a leaf: the race over p_u (the pass of a node with children, none excluded).
 // The sums feed the acceptance tests, so their float rounding is the one of the
 // single-block kernel: the row is covered by `vthreads` = threads_for_vocab(V)
 // virtual threads, virtual thread v adding the entries of groups v, v + vthreads, ...
@@ -111,10 +111,10 @@ struct Shared {
 // What a pass computes per entry.
 enum PassKind : int {
   kArgmax = 0,      // greedy: argmax of mass(p)
-  kLeafRace = 1,    // race over mass(p) (bonus)
-  kSumRace = 2,     // no draft_probs: sum and support of mass(p), race excluding the children's tokens
-  kResidual = 3,    // draft_probs: sum of r_{m+1}
-  kResidualRace = 4 // draft_probs: sum of r_{m+1}, TreeResidualRace
+  kSumRace = 1,     // no draft_probs: sum and support of mass(p), race excluding the children's tokens
+                    // (a leaf, both modes: the race over mass(p), nothing excluded, the sums unused)
+  kResidual = 2,    // draft_probs: sum of r_{m+1}
+  kResidualRace = 3 // draft_probs: sum of r_{m+1}, TreeResidualRace
 };
 
 template <int kKind>
@@ -139,15 +139,13 @@ struct Acc {
   ArgMax race;
   ArgMax fallback;
   float sum;  // of the current virtual thread
-  long long count;
+  int count;  // entries with mass (one thread's share of a row: < 2^31)
 };
 
 template <int kKind, bool kM0>
 __device__ __forceinline__ void entry(Acc& a, const PassArgs& args, float p, float q, uint32_t bits, int64_t i) {
   if constexpr (kKind == kArgmax) {
     argmax_update(a.race, prob_mass(p), i);
-  } else if constexpr (kKind == kLeafRace) {
-    race_update(a.race, prob_mass(p), bits, i);
   } else if constexpr (kKind == kSumRace) {
     const float mass = prob_mass(p);
     a.sum += mass;
@@ -179,10 +177,31 @@ __device__ __forceinline__ void group(Acc& a, const PassArgs& args, const float 
   Philox4 bits{};
   if constexpr (kKind != kArgmax && kKind != kResidual)
     bits = philox_block(args.seed, args.offset, args.position, args.purpose, static_cast<uint32_t>(g));
+  if constexpr (kKind == kSumRace && !kChecked) {
+    // The sums entry by entry, then the race's skip test once for the group and one
+    // branch (race_group_may_update): the exact updates only when an entry may win.
+    float mass[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (kChecked && 4 * g + j >= vocab) break;
-    entry<kKind, kM0>(a, args, pv[j], qv[j], bits.x[j], 4 * g + j);
+    for (int j = 0; j < 4; ++j) {
+      mass[j] = prob_mass(pv[j]);
+      a.sum += mass[j];
+      a.count += mass[j] > 0.f;
+    }
+    if (race_group_may_update(a.race.score, mass, bits.x)) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        race_update_excluding(a.race, mass[j], bits.x[j], 4 * g + j, [&](int64_t index) {
+          for (int c = 0; c < args.num_children; ++c)
+            if (args.tokens[args.children[c]] == index) return true;
+          return false;
+        });
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (kChecked && 4 * g + j >= vocab) break;
+      entry<kKind, kM0>(a, args, pv[j], qv[j], bits.x[j], 4 * g + j);
+    }
   }
 }
 
@@ -237,16 +256,18 @@ __device__ Acc sweep(const T* __restrict__ p_row, const T* __restrict__ q_row, i
 
 // Every block of request b has written buffer `buf` of pass number `pass` (1, 2, ...):
 // wait for all of them. Each thread fences its own writes; the counter counts block
-// arrivals over the whole walk, so pass k is complete at parts * k. A block reuses a
-// buffer two passes later, after every block has passed the barrier in between, i.e.
-// after every block has finished reading it.
+// arrivals over the whole walk, so pass k is complete at parts * k. The last block to
+// arrive goes on without polling (the threadFenceReduction ticket), so a walk's final
+// pass ends as the chain kernel's last-block merge does. A block reuses a buffer two
+// passes later, after every block has passed the barrier in between, i.e. after every
+// block has finished reading it.
 __device__ void request_barrier(unsigned* counter, int parts, unsigned pass) {
   __threadfence();
   __syncthreads();
   if (parts > 1 && threadIdx.x == 0) {
-    atomicAdd(counter, 1u);
     const unsigned target = static_cast<unsigned>(parts) * pass;
-    while (*static_cast<volatile unsigned*>(counter) < target) __nanosleep(64);
+    if (atomicAdd(counter, 1u) + 1u < target)
+      while (*static_cast<volatile unsigned*>(counter) < target) __nanosleep(64);
     __threadfence();
   }
   __syncthreads();
@@ -267,7 +288,7 @@ __device__ PassOut run_pass(const T* p_row, const T* q_row, int64_t vocab, const
   mine.fallback = kKind == kResidualRace ? block_argmax(a.fallback, s.argmax) : argmax_init();
   mine.count = 0;
   if constexpr (kKind == kSumRace) {
-    const long long c = warp_count(a.count);
+    const long long c = warp_count(static_cast<long long>(a.count));
     if ((threadIdx.x & 31) == 0) s.count[threadIdx.x >> 5] = c;
     __syncthreads();
     if (threadIdx.x == 0)
@@ -393,18 +414,18 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) tree_verify_kernel(con
       const int d = list_children(u);
       const T* p_row = target + u * V;
       args.position = static_cast<uint32_t>(u);
-      if (d == 0) {  // a leaf: the race over p_u (no child was rejected)
-        args.purpose = tree_final_purpose(false);
-        final_token =
-            run_pass<kLeafRace, true>(p_row, p_row, V, layout, part, args, request_ws, counter, passes, s).race.index;
-        break;
-      }
-      args.purpose = tree_final_purpose(true);
+      // No draft_probs, or a leaf: the sum and support of p_u with the race in one pass (one call
+      // site, so the loop is compiled once); a leaf's race excludes nothing and no child was rejected.
       int64_t accepted = -1;
-      if (draft == nullptr) {
-        args.num_children = d;
+      if (draft == nullptr || d == 0) {
+        args.num_children = draft == nullptr ? d : 0;
+        args.purpose = tree_final_purpose(d > 0);
         const PassOut stats =
             run_pass<kSumRace, true>(p_row, p_row, V, layout, part, args, request_ws, counter, passes, s);
+        if (d == 0) {
+          final_token = stats.race.index;
+          break;
+        }
         float sum = stats.sum;
         const int64_t nonzero = stats.count;
         int64_t m = 0, kept = -1;  // zeroed tokens; the one token with mass left unzeroed

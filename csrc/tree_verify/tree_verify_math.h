@@ -156,3 +156,27 @@ SPECDEC_HD void tree_residual_race_update(TreeResidualRace& race, float r_next, 
 }
 
 }  // namespace specdec
+
+namespace specdec {
+
+// Whether any of four consecutive entries of a race (masses, Philox words) can change
+// the race's best `best` (the best before the first of them): false means that
+// race_update (or race_update_excluding) on each of them, in order, changes nothing,
+// so a kernel can test a Philox group once and branch once. The first entry that
+// changes the best sees `best` unchanged, so testing every entry against it finds it.
+// Each entry's test is race_may_win's (or, without mass, "the race has no positive
+// score"), with fl(u * best) computed as fl(k * fl(best * 2^-24)) for u = k * 2^-24:
+// the scaling by a power of two is exact for best > 1e-30 (no subnormal), so both
+// round the same real number; without that the group takes the exact path.
+SPECDEC_HD bool race_group_may_update(float best, const float mass[4], const uint32_t bits[4]) {
+  if (!(best > 1e-30f)) return true;
+  const float best_scaled = best * 5.9604644775390625e-08f;  // best * 2^-24
+  bool any = false;
+  for (int j = 0; j < 4; ++j) {
+    const float k = static_cast<float>(((bits[j] >> 9) << 1) | 1u);
+    any |= mass[j] > 0.f && !(k * best_scaled <= (best - mass[j]) * (1.f - 2e-5f));
+  }
+  return any;
+}
+
+}  // namespace specdec

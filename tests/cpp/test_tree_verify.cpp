@@ -14,9 +14,13 @@ namespace {
 // the single-block walk it replaced, both over float rows with the CUDA sums' rounding.
 
 uint32_t g_state = 11;
-uint32_t next_u32() {
+uint32_t next_u32() {  // an LCG step, output through a mixer (the LCG's low bits have short periods)
   g_state = g_state * 1664525u + 1013904223u;
-  return g_state;
+  uint32_t x = g_state ^ (g_state >> 16);
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
 }
 float next_unit() { return static_cast<float>(next_u32() >> 8) / 16777216.f; }
 
@@ -387,9 +391,58 @@ void check_race_excluding() {
   }
 }
 
+// A Philox group the kernel skips with one test (race_group_may_update false) is one
+// whose four exact updates, in order, leave the race unchanged; most groups of a long
+// race are skipped (here the masses are chosen to hit the edges, so fewer are).
+void check_group_skip() {
+  int skipped = 0, total = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const float scales[6] = {1.f, 1e-3f, 1e-30f, 2e-30f, 1e-39f, INFINITY};
+    ArgMax best{trial % 9 == 0 ? scales[next_u32() % 6] : next_unit() * 0.05f, 7};
+    if (trial % 13 == 0) best = argmax_init();
+    float mass[4];
+    uint32_t bits[4];
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t kind = next_u32() % 8;
+      mass[j] = kind == 0 ? 0.f : kind == 1 ? 1e-40f : kind == 2 ? INFINITY : kind == 3 ? best.score
+                : next_unit() * (kind == 4 ? 1.f : 1e-4f);
+      bits[j] = next_u32();
+    }
+    ArgMax after = best;
+    for (int j = 0; j < 4; ++j) race_update(after, mass[j], bits[j], 100 + j);
+    const bool may = race_group_may_update(best.score, mass, bits);
+    if (!may) {
+      CHECK(after.score == best.score && after.index == best.index);
+      ++skipped;
+    }
+    ++total;
+  }
+  CHECK(skipped > total / 40);  // (4 of the 8 kinds of masses can be skipped: about 6% of the groups)
+
+  // Entry by entry the group test is race_may_win's decision, also for uniforms at the
+  // skip threshold (u * best == (best - mass) * c up to a few ulps).
+  int at_threshold = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const float best = std::ldexp(0.5f + next_unit(), -static_cast<int>(next_u32() % 90));  // 2^-90 .. 1.5
+    const float mass = best * next_unit();
+    const double u_star = static_cast<double>((best - mass) * (1.f - 2e-5f)) / best;
+    const int64_t j_star = static_cast<int64_t>(u_star * 8388608.0);  // u = (2j + 1) / 2^24
+    for (int64_t j = j_star - 3; j <= j_star + 3; ++j) {
+      if (j < 0 || j >= 8388608) continue;
+      const uint32_t bits[4] = {static_cast<uint32_t>(j) << 9, 0, 0, 0};
+      const float masses[4] = {mass, 0.f, 0.f, 0.f};
+      const bool may = race_may_win(mass, bits_to_uniform(bits[0]), best);
+      CHECK(race_group_may_update(best, masses, bits) == may);
+      at_threshold += may;
+    }
+  }
+  CHECK(at_threshold > 20000);
+}
+
 }  // namespace
 
 int main() {
+  check_group_skip();
   check_race_excluding();
   check_split_replay();
 
