@@ -219,13 +219,15 @@ __device__ __forceinline__ long long warp_count(long long v) {
 
 // The sweep of one block over its virtual threads of a row (each virtual thread's
 // groups in increasing order; kUnroll groups loaded before any is used). The
-// virtual-warp sums go to buf->vsum.
-template <int kKind, bool kM0, bool kAligned, typename T>
+// virtual-warp sums go to buf->vsum. kVThreads: layout.vthreads known at compile time
+// (the 1024 of every vocab above 2048), so that the loads of a step share one address
+// register with immediate offsets; 0: read at run time.
+template <int kKind, bool kM0, bool kAligned, int kVThreads, typename T>
 __device__ Acc sweep(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t vocab,
                      const TreeLayout& layout, int64_t part, const PassArgs& args, PassBuffer* buf) {
   constexpr int U = kUnroll<kKind>;
   Acc a{argmax_init(), argmax_init(), 0.f, 0};
-  const int64_t vthreads = layout.vthreads, groups = vocab_groups(vocab), full = vocab / 4;
+  const int64_t vthreads = kVThreads ? kVThreads : layout.vthreads, groups = vocab_groups(vocab), full = vocab / 4;
   for (int h = 0; h < layout.per_thread; ++h) {
     const int64_t first = (part * layout.per_thread + h) * blockDim.x;  // first virtual thread of this round
     int64_t g = first + threadIdx.x;
@@ -281,8 +283,10 @@ __device__ PassOut run_pass(const T* p_row, const T* q_row, int64_t vocab, const
   ++passes;
   PassBuffer* buf = reinterpret_cast<PassBuffer*>(request_ws + (passes & 1) * buffer_bytes(layout.parts));
   const bool aligned = aligned4(p_row) && (!kHasQ<kKind> || aligned4(q_row));
-  const Acc a = aligned ? sweep<kKind, kM0, true>(p_row, q_row, vocab, layout, part, args, buf)
-                        : sweep<kKind, kM0, false>(p_row, q_row, vocab, layout, part, args, buf);
+  const Acc a = !aligned ? sweep<kKind, kM0, false, 0>(p_row, q_row, vocab, layout, part, args, buf)
+                : layout.vthreads == kMaxThreads
+                    ? sweep<kKind, kM0, true, kMaxThreads>(p_row, q_row, vocab, layout, part, args, buf)
+                    : sweep<kKind, kM0, true, 0>(p_row, q_row, vocab, layout, part, args, buf);
   Partial mine;
   mine.race = block_argmax(a.race, s.argmax);
   mine.fallback = kKind == kResidualRace ? block_argmax(a.fallback, s.argmax) : argmax_init();
