@@ -269,7 +269,11 @@ __device__ void request_barrier(unsigned* counter, int parts, unsigned pass) {
   if (parts > 1 && threadIdx.x == 0) {
     const unsigned target = static_cast<unsigned>(parts) * pass;
     if (atomicAdd(counter, 1u) + 1u < target)
-      while (*static_cast<volatile unsigned*>(counter) < target) __nanosleep(64);
+      while (*static_cast<volatile unsigned*>(counter) < target) {
+#if __CUDA_ARCH__ >= 700
+        __nanosleep(64);
+#endif
+      }
     __threadfence();
   }
   __syncthreads();
