@@ -1,4 +1,6 @@
-// Host-side checks of csrc/tree_verify/tree_verify_math.h (no torch).
+// Host-side checks of csrc/tree_verify/tree_verify_math.h (no torch), and a host replay
+// of the CUDA kernel's split walk against the single-block walk it replaced.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
