@@ -108,6 +108,8 @@ class Case:
     elems_per_trip: float = 0.0  # per thread; 0: from the loop's vector loads (mma tiles: BLOCK_N / threads)
     phases: list | None = None   # kernels with several vocab-wide loops: [(loop, passes, streams)] per item,
                                  # replacing loop / streams / passes; issue and latency time add up over them
+    loop_pick: object = None     # callable(loop text) -> bool: which of a kernel's loops of the kind is the
+                                 # scenario's (kernels whose passes share one loop shape; see hot_loop)
 
 
 def _rows(n, elem=4):
@@ -149,22 +151,61 @@ def rejection_cases():
     return cases
 
 
+def _tree_parts(res, batch=64):
+    """Mirror of tree_verify_kernels.cu layout_for: blocks per request, a power of two up to
+    vthreads / threads (1024 / 128 = 8 at V = 128256), with the whole batch resident at once."""
+    threads = res["threads"] or 128
+    resident = SMS * blocks_per_sm(res["regs"], res["shared"], threads)
+    parts = 1
+    while 2 * parts <= 1024 // threads and batch * 2 * parts <= resident:
+        parts *= 2
+    return parts
+
+
+def _tree_sumrace_loop(text):
+    """The pass of a node without draft probs (sum, support and race of p_u): its race's rare path reads the
+    children's tokens (generic loads) and divides at most twice per entry there (the score, 16 entries a
+    trip); the residual loop with normalizers (m > 0: a second rejection at one node) also reads generic
+    memory (the normalizers) but divides several times per entry."""
+    return "LD.E " in text and text.count("MUFU.RCP") <= 32
+
+
+def _tree_residual_m0_loop(text):
+    """The pass after a node's first rejection with draft probs (m = 0): the only race loop that reads no
+    generic memory (no normalizers, no children's tokens)."""
+    return "LD.E " not in text
+
+
 def tree_cases():
-    """Tree verification B=64 N=16 fp32 V=128256: one rejected child, then the final race at the same node."""
+    """Tree verification B=64 N=16 fp32 V=128256: the root's only child is rejected, then the final race at
+    the root (the walk's first pass is its last).
+
+    CUDA (tree_verify_kernels.cu): every request's passes are split over `parts` blocks (_tree_parts). One
+    pass reads the row(s) once: without draft probs the sum and support of p_0 with the final race in the
+    same pass; with draft probs the sum of the next residual with the final race (the acceptance test reads
+    p_0(x), q_0(x) only). The pass ends at the request's barrier; the last block to arrive goes on without
+    polling, so a final pass ends like the chain kernel's last-block merge (in LAUNCH_S). Not modelled: a
+    walk that goes on after the barrier (an accepted child) waits about 2 x LATENCY_S there per pass, and
+    with draft probs each further rejected child of the final node adds a pass over p and q.
+    Triton (tree_verify.py): one program per request; the sum, then the race over the same row."""
     cases = []
     for tag, has_q in (("draft", True), ("onehot", False)):
         streams = 2 if has_q else 1
-        # draft probs: the residual sum after the rejection (p, q) and the final race (p, q) read 2 rows each;
-        # one-hot: the sum of p_u, then the final race over p_u.
-        moved = 64 * _rows(2 * streams)
-        common = dict(shape=f"B=64 N=16 fp32 {'q' if has_q else 'one-hot'}, 1 rejection + race", streams=streams,
-                      elem_bytes=4, bytes_moved=moved, min_bytes=64 * _rows(streams), elems_per_pass=V, items=64,
-                      passes=2, loop="race")
+        rows = _rows(streams)
+        scalars = _sector_reads(2 if has_q else 1) + 2 * N_TREE * 8  # p_0(x) [q_0(x)]; parents and tokens
+        common = dict(shape=f"B=64 N=16 fp32 {'q' if has_q else 'one-hot'}, root's child rejected + race",
+                      streams=streams, elem_bytes=4, min_bytes=64 * rows, elems_per_pass=V, items=64, loop="race")
+        # CUDA: one pass; partials of 8 blocks (40 B each) and 32 virtual-warp sums, written and read back.
+        workspace = 2 * (8 * 40 + 32 * 4)
         cases.append(Case(name=f"tree_verify_cuda_{tag}", backend="cuda",
                           source="csrc/tree_verify/tree_verify_kernels.cu", function=r"tree_verify_kernelIf",
+                          bytes_moved=64 * (rows + scalars + workspace), passes=1,
+                          grid=lambda res: (64 * _tree_parts(res), _tree_parts(res)),
+                          loop_pick=_tree_residual_m0_loop if has_q else _tree_sumrace_loop,
                           measure=_measure_tree(has_q, "cuda"), **common))
         cases.append(Case(name=f"tree_verify_triton_{tag}", backend="triton",
                           source="triton_kernels.tree_verify:tree_verify_kernel",
+                          bytes_moved=64 * (2 * rows + scalars), passes=2,
                           triton=dict(types=dict(target_ptr="*fp32", draft_probs_ptr="*fp32", greedy_ptr="*i1",
                                                  normalizers_ptr="*fp32", zeroed_ptr="*i32", accepted_path_ptr="*i32",
                                                  num_accepted_ptr="*i32"),
@@ -413,12 +454,13 @@ def philox_groups(body):
 _HISTOGRAM_BARRIERS = 12
 
 
-def hot_loop(sass, kind, streams, elem_bytes=4):
+def hot_loop(sass, kind, streams, elem_bytes=4, pick=None):
     """The hot loop of `kind` (see Case.loop) -> (body instructions, cold instruction count) or None.
 
     Kinds: "race" (Philox), "scan" (no Philox, no stores), "copy" (stores), "mma"; for the logits kernels'
     passes, none with Philox or stores: "max" (no exp, no histogram), "expsum" (exp, no histogram), "radix"
     (a histogram: see _HISTOGRAM_BARRIERS); of several inlined versions of those the longest is kept.
+    `pick` (the case's loop_pick), when given, keeps only the loops whose text it accepts.
 
     Loops are backward branches; of those holding the loads (and, for races, the Philox rounds) the innermost
     are kept, then those with the widest loads (the vectorized path), and of several versions of one source
@@ -456,6 +498,8 @@ def hot_loop(sass, kind, streams, elem_bytes=4):
         if kind == "expsum" and (not exp or histogram):
             continue
         if kind == "radix" and not histogram:
+            continue
+        if pick is not None and not pick(text):
             continue
         widest = max(load_bytes(x) for x in body)
         cands.append((lo, hi, sum(load_bytes(x) for x in body if load_bytes(x) == widest), widest))
@@ -612,7 +656,7 @@ def predict(case, res):
     phases = case.phases or [(case.loop, case.passes, case.streams)]
     found, phase_rows = [], []
     for kind, passes, streams in phases:
-        loop = hot_loop(res["sass"] or [], kind, streams, case.elem_bytes)
+        loop = hot_loop(res["sass"] or [], kind, streams, case.elem_bytes, case.loop_pick)
         if loop is None:
             if case.phases:
                 raise RuntimeError(f"no {kind!r} loop found in the SASS of {case.name}")
@@ -709,6 +753,8 @@ def _measure_logits(has_q, top_p, backend):
 
 
 def _measure_tree(has_q, backend):
+    """tree_rejection_sample at the modelled scenario: a chain-shaped tree (the root has one child) whose first
+    token has no target mass at the root, so it is rejected (checked before timing) and the root's race runs."""
     def measure():
         import torch
 
@@ -717,11 +763,15 @@ def _measure_tree(has_q, backend):
         g = torch.Generator(device="cuda").manual_seed(0)
         p = torch.rand(b, N_TREE, V, device="cuda", generator=g).softmax(-1)
         q = torch.rand(b, N_TREE, V, device="cuda", generator=g).softmax(-1) if has_q else None
-        parents = torch.tensor([-1] + [0] * 3 + [1 + (i % 3) for i in range(N_TREE - 4)], device="cuda")
-        parents = parents.expand(b, N_TREE).contiguous()
+        parents = torch.arange(-1, N_TREE - 1, device="cuda").expand(b, N_TREE).contiguous()
         tokens = torch.randint(0, V, (b, N_TREE), device="cuda", generator=g)
+        p[:, 0].scatter_(1, tokens[:, 1:2], 0.0)
         seeds = torch.arange(b, device="cuda")
         offsets = torch.zeros(b, dtype=torch.int64, device="cuda")
+        out = specdec_ops.tree_rejection_sample(p, tokens, parents, draft_probs=q, seeds=seeds, offsets=offsets,
+                                                backend=backend)
+        if not bool((out.num_accepted == 0).all()):
+            raise RuntimeError("a child was accepted: the scenario is not the modelled one")
         return _time(lambda: specdec_ops.tree_rejection_sample(p, tokens, parents, draft_probs=q, seeds=seeds,
                                                                offsets=offsets, backend=backend))
     return measure

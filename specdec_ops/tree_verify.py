@@ -85,7 +85,7 @@ def tree_rejection_sample(
     outside [0, V) raise ValueError naming the argument and the element. On the
     GPU (no host sync) a malformed parent is treated as the root, a child token
     outside [0, V) is rejected and num_nodes is clamped into [1, N]. The outputs
-    have fixed shapes (CUDA-graph safe); the CUDA kernel uses a [B, N] workspace.
+    have fixed shapes (CUDA-graph safe); the CUDA kernel uses a per-call workspace.
 
     Example
     -------

@@ -125,3 +125,36 @@ def test_roofline_rows_for_the_logits_kernels(tmp_path):
         assert loops[0] == "max" and loops[-1] == "race" and ("radix" in loops) == name.endswith("topp"), name
         assert 0 < row["pct_peak"] <= 100
     assert rows["logits_cuda_onehot"]["bytes_vs_min"] == pytest.approx(11 / 5, abs=0.01)
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_roofline_tree_verification_splits_each_request_across_blocks(tmp_path):
+    out = tmp_path / "roofline.json"
+    result = subprocess.run([sys.executable, SCRIPT, "--only", "tree_verify_cuda", "--json", str(out)],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    for tag in ("draft", "onehot"):
+        row = rows[f"tree_verify_cuda_{tag}"]
+        assert row["spills"] == 0 and 0 < row["regs"] <= 128  # launch bounds: 4 blocks of 128 threads per SM
+        assert row["grid"] == 64 * 8  # 8 blocks per request at B=64 on 132 SMs
+        assert row["bytes_vs_min"] == pytest.approx(1.0, abs=0.01)  # one pass over the row(s)
+        assert row["instr_per_elem"] is not None and row["instr_per_elem"] > 5
+        assert row["pct_peak"] > 70
+
+
+def test_tree_parts_mirror_the_launcher():
+    res = dict(threads=128, regs=110, shared=900)  # 4 blocks per SM: 528 resident on 132 SMs
+    assert roofline._tree_parts(res) == 8          # vthreads / threads = 1024 / 128 caps it
+    assert roofline._tree_parts(res, batch=132) == 4
+    assert roofline._tree_parts(res, batch=300) == 1
+
+
+def test_tree_loop_picks_tell_the_scenario_passes_apart():
+    assert roofline._tree_sumrace_loop("LDG.E.128 R4\nLD.E R9, desc[UR4][R2.64]\n" + "MUFU.RCP R1, R2\n" * 16)
+    assert not roofline._tree_sumrace_loop("LDG.E.128 R4\nLD.E R9\n" + "MUFU.RCP R1, R2\n" * 80)  # m > 0
+    assert roofline._tree_sumrace_loop("LDG.E.128 R4\nLD.E R9\n" + "MUFU.RCP R1, R2\n" * 32)
+    assert not roofline._tree_sumrace_loop("LDG.E.128 R4\nMUFU.RCP R1, R2")
+    assert roofline._tree_residual_m0_loop("LDG.E.128 R4\nMUFU.RCP R1, R2")
+    assert not roofline._tree_residual_m0_loop("LDG.E.128 R4\nLD.E R9, desc[UR4][R2.64]")

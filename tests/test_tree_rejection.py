@@ -628,6 +628,26 @@ def test_gpu_bad_values_are_safe(backend):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("batch", [1, 64, 600], ids=lambda b: f"B{b}")
+@pytest.mark.parametrize("draft", [True, False], ids=["draft_probs", "one_hot"])
+def test_cuda_split_across_blocks_matches_cpu(batch, draft):
+    """The CUDA kernel splits each request over up to 8 blocks (fewer when the batch alone fills the device:
+    one at B=600 on an H200), sized from the SM count: every layout gives the CPU kernel's outputs, also with
+    rows that are not 16-byte aligned (V odd) and sharp rows (many rejected siblings, residual updates)."""
+    for vocab, sharp in ((5001, 2.0), (4096, 6.0)):
+        case = random_case(batch=batch, nodes=6, vocab=vocab, draft=draft, seed=23 + batch, sharp=sharp)
+        assert_same(tuple(t.cpu() for t in run(_to_cuda(case), "cuda")), run(case, "cpu"))
+
+
+@pytest.mark.cuda
+def test_cuda_large_trees_keep_their_node_arrays_in_the_workspace():
+    """Above 2048 nodes the per-block node arrays move from shared memory to the workspace."""
+    for draft in (True, False):
+        case = random_case(batch=2, nodes=2100, vocab=64, draft=draft, seed=29)
+        assert_same(tuple(t.cpu() for t in run(_to_cuda(case), "cuda")), run(case, "cpu"))
+
+
+@pytest.mark.cuda
 def test_cuda_graph_replay_with_new_offsets():
     case = _to_cuda(random_case(batch=8, nodes=16, vocab=1000, seed=19))
     run(case, "cuda")

@@ -96,3 +96,87 @@ SPECDEC_HD bool tree_excluded(int64_t x, const int32_t* zeroed, int64_t n) {
 }
 
 }  // namespace specdec
+
+namespace specdec {
+
+// ---- Split passes (the CUDA kernel runs each vocab-wide step of the walk once per
+// visited node, split across blocks; these rules keep its results those of the walk above).
+
+// The race of a node with children, run in the same pass as the sum of p_u (no
+// draft_probs) before the walk knows which children it rejects: the tokens of all of
+// u's children are excluded (mass 0). Checked only on the race's rare path: an
+// excluded entry with mass behaves exactly as an entry without mass (skipped once the
+// race has a positive score, else a score-0 candidate), so this equals
+// race_update(best, excluded(index) ? 0 : mass, bits, index) for every entry.
+template <typename Excluded>
+SPECDEC_HD void race_update_excluding(ArgMax& best, float mass, uint32_t bits, int64_t index,
+                                      const Excluded& excluded) {
+  const bool has_mass = mass > 0.f;
+  const float u = bits_to_uniform(bits);
+  if (has_mass ? race_may_win(mass, u, best.score) : !(best.score > 0.f)) {
+    if (has_mass && excluded(index)) {
+      if (!(best.score > 0.f)) argmax_update(best, 0.f, index);
+    } else {
+      argmax_update(best, has_mass ? mass / uniform_noise(u) : 0.f, index);
+    }
+  }
+}
+
+// The final token of a node whose children were all rejected (no draft_probs), from
+// the race that excluded every child token (race_update_excluding) and `kept`: the
+// child token with mass that the walk did not zero because it was the last entry of
+// p' with mass (nonzero - m <= 1), or -1. With kept >= 0, p' holds mass at kept only:
+// the race's winner is kept if its score is positive, else the first index (0), as
+// every entry scores 0 (a subnormal mass over the noise can round to 0).
+SPECDEC_HD int64_t tree_onehot_final(int64_t excluded_race_winner, int64_t kept, float kept_mass, uint64_t seed,
+                                     uint64_t offset, uint32_t position) {
+  if (kept < 0) return excluded_race_winner;
+  const Philox4 bits = philox_block(seed, offset, position, tree_final_purpose(true), static_cast<uint32_t>(kept >> 2));
+  const int word = static_cast<int>(kept & 3);
+  const uint32_t kept_bits = word == 0 ? bits.x[0] : word == 1 ? bits.x[1] : word == 2 ? bits.x[2] : bits.x[3];
+  const float score = kept_mass / uniform_noise(bits_to_uniform(kept_bits));
+  return score > 0.f ? kept : 0;
+}
+
+// The final race after the last child of a node is rejected (draft_probs), run in the
+// same pass as the sum of the next residual r_{m+1}: `next` races over r_{m+1} (used
+// when its sum is positive: the update is committed) and `current` over r_m (used
+// otherwise). `current` is updated only while `next` has no positive score: when the
+// sum is 0 every r_{m+1} entry is 0, `next` never scores above 0 and `current` saw
+// every entry; when the sum is positive `current` is never read.
+struct TreeResidualRace {
+  ArgMax next;
+  ArgMax current;
+};
+
+SPECDEC_HD void tree_residual_race_update(TreeResidualRace& race, float r_next, float r_m, uint32_t bits,
+                                          int64_t index) {
+  race_update(race.next, r_next, bits, index);
+  if (!(race.next.score > 0.f)) race_update(race.current, r_m, bits, index);
+}
+
+}  // namespace specdec
+
+namespace specdec {
+
+// Whether any of four consecutive entries of a race (masses, Philox words) can change
+// the race's best `best` (the best before the first of them): false means that
+// race_update (or race_update_excluding) on each of them, in order, changes nothing,
+// so a kernel can test a Philox group once and branch once. The first entry that
+// changes the best sees `best` unchanged, so testing every entry against it finds it.
+// Each entry's test is race_may_win's (or, without mass, "the race has no positive
+// score"), with fl(u * best) computed as fl(k * fl(best * 2^-24)) for u = k * 2^-24:
+// the scaling by a power of two is exact for best > 1e-30 (no subnormal), so both
+// round the same real number; without that the group takes the exact path.
+SPECDEC_HD bool race_group_may_update(float best, const float mass[4], const uint32_t bits[4]) {
+  if (!(best > 1e-30f)) return true;
+  const float best_scaled = best * 5.9604644775390625e-08f;  // best * 2^-24
+  bool any = false;
+  for (int j = 0; j < 4; ++j) {
+    const float k = static_cast<float>(((bits[j] >> 9) << 1) | 1u);
+    any |= mass[j] > 0.f && !(k * best_scaled <= (best - mass[j]) * (1.f - 2e-5f));
+  }
+  return any;
+}
+
+}  // namespace specdec

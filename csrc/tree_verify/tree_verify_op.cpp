@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 namespace specdec {
 cudaError_t launch_tree_rejection_sample_cuda(const TreeVerifyParams& params, cudaStream_t stream);
+size_t tree_verify_cuda_workspace_bytes(const TreeVerifyParams& params);
 }
 #endif
 
@@ -94,9 +95,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample(
   auto accepted_path = at::empty({batch, nodes}, index_opts);
   auto num_accepted = at::empty({batch}, index_opts);
   if (batch == 0) return {token_ids, accepted_path, num_accepted};
-  // Per-request scratch of the node being tried: normalizers (draft_probs) or zeroed tokens.
-  auto normalizers = at::empty({draft.defined() ? batch * nodes : 0}, target.options().dtype(at::kFloat));
-  auto zeroed = at::empty({draft.defined() ? 0 : batch * nodes}, index_opts);
+  // CPU: per-request scratch of the node being tried: normalizers (draft_probs) or zeroed tokens
+  // (the CUDA kernel keeps them in its own workspace).
+  const bool cpu = target.is_cpu();
+  auto normalizers = at::empty({cpu && draft.defined() ? batch * nodes : 0}, target.options().dtype(at::kFloat));
+  auto zeroed = at::empty({cpu && !draft.defined() ? batch * nodes : 0}, index_opts);
 
   TreeVerifyParams p;
   p.target_probs = target.const_data_ptr();
@@ -113,16 +116,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample(
   p.dtype = prob_dtype(target);
   p.normalizers = normalizers.mutable_data_ptr<float>();
   p.zeroed = zeroed.mutable_data_ptr<int32_t>();
+  p.workspace = nullptr;
   p.token_ids = token_ids.mutable_data_ptr<int64_t>();
   p.accepted_path = accepted_path.mutable_data_ptr<int32_t>();
   p.num_accepted = num_accepted.mutable_data_ptr<int32_t>();
 
-  if (target.is_cpu()) {
+  if (cpu) {
     check_values_cpu(p);
     tree_rejection_sample_cpu(p);
   } else {
 #ifdef SPECDEC_WITH_CUDA
     const c10::cuda::CUDAGuard guard(target.device());
+    // Per-launch partials, barrier counters and per-block node arrays of the split walk
+    // (stream-ordered by the caching allocator).
+    const auto workspace = at::empty({static_cast<int64_t>(tree_verify_cuda_workspace_bytes(p))},
+                                     target.options().dtype(at::kByte));
+    p.workspace = workspace.mutable_data_ptr();
     C10_CUDA_CHECK(launch_tree_rejection_sample_cuda(p, at::cuda::getCurrentCUDAStream()));
 #else
     TORCH_CHECK(false, "specdec_ops was built without CUDA kernels");

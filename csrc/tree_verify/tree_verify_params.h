@@ -22,8 +22,9 @@ struct TreeVerifyParams {
   int64_t max_nodes;                // N
   int64_t vocab;
   ProbDType dtype;
-  float* normalizers;               // workspace [B, N]: Z_1 .. Z_m of the node being tried (draft_probs)
-  int32_t* zeroed;                  // workspace [B, N]: tokens zeroed in p' (no draft_probs)
+  float* normalizers;               // CPU workspace [B, N]: Z_1 .. Z_m of the node being tried (draft_probs)
+  int32_t* zeroed;                  // CPU workspace [B, N]: tokens zeroed in p' (no draft_probs)
+  void* workspace;                  // CUDA only: tree_verify_cuda_workspace_bytes(params) bytes (CPU: unused)
   int64_t* token_ids;               // out [B, N]
   int32_t* accepted_path;           // out [B, N]
   int32_t* num_accepted;            // out [B]
