@@ -235,18 +235,22 @@ class CostModel:
     where S_b(j), the chance that the first j drafts are accepted, is the product of the hazards (chance
     of a rejection at position i given all before accepted) per position bin. A hazard is estimated from
     this request's drafts from matches of this size, smoothed towards the request's hazard over all match
-    sizes and that towards ``prior_hazard``, each with ``prior_weight`` pseudo-observations. Then, optimism
-    under uncertainty, the policy uses ``h - optimism * sqrt(h (1 - h) / (n + prior_weight))`` (n: drafts
-    that reached the position), and the evidence decays by ``decay`` every step: where drafting was
-    rejected the evidence fades while the request does not draft, so it tries again instead of locking
-    drafting off for good, and a request that keeps drafting follows its latest acceptance.
+    sizes, that towards the hazard of this match size over every request the policy has seen (``shared``)
+    and that towards ``prior_hazard``, each with ``prior_weight`` pseudo-observations. Where those
+    estimates find no draft worth its cost, optimism under uncertainty: a short draft (what the cheapest
+    window for one draft token holds, 3 tokens on a CPU) is tried if it is worth its cost at the hazards
+    ``h - optimism * sqrt(h (1 - h) / (n + prior_weight))`` (n: drafts of this request that reached the
+    position), so exploring costs little. Evidence decays every step, a request's by ``decay`` and
+    the shared one by ``shared_decay``: where drafting was rejected the evidence fades while nothing is
+    drafted, so the policy tries again instead of locking drafting off for good, and a request that keeps
+    drafting follows its latest acceptance.
 
     In a batch every request pays for the widest draft, so the policy picks the shared width c maximizing
     ``sum_b E_b(min(available_b, c)) / cost(B (c + 1))``; request b drafts min(available_b, c).
     """
 
     def __init__(self, forward_cost, prior_hazard: float = 0.5, prior_weight: float = 2.0, optimism: float = 0.5,
-                 decay: float = 0.97):
+                 decay: float = 0.97, shared_decay: float = 0.99):
         self.forward = forward_cost if isinstance(forward_cost, ForwardCost) else ForwardCost(forward_cost)
         if not 0.0 < prior_hazard < 1.0:
             raise ops.SpecDecArgumentError(f"prior_hazard must be in (0, 1), got {prior_hazard!r}")
@@ -254,9 +258,12 @@ class CostModel:
             raise ops.SpecDecArgumentError(f"prior_weight must be > 0, got {prior_weight!r}")
         if not 0.0 <= optimism:
             raise ops.SpecDecArgumentError(f"optimism must be >= 0, got {optimism!r}")
-        if not 0.0 < decay <= 1.0:
-            raise ops.SpecDecArgumentError(f"decay must be in (0, 1], got {decay!r}")
+        for name, value in (("decay", decay), ("shared_decay", shared_decay)):
+            if not 0.0 < value <= 1.0:
+                raise ops.SpecDecArgumentError(f"{name} must be in (0, 1], got {value!r}")
         self.prior_hazard, self.prior_weight, self.optimism, self.decay = prior_hazard, prior_weight, optimism, decay
+        self.shared_decay = shared_decay
+        self.shared = RequestStats()       # every request's drafts: the prior of a request's own estimates
 
     @property
     def points(self) -> list[tuple[int, float]]:
@@ -267,22 +274,27 @@ class CostModel:
         """Cost of a verify forward over ``tokens`` tokens (not padded)."""
         return self.forward(tokens)
 
-    def hazards(self, stats: RequestStats, match_size: int) -> list[float]:
-        """Per position bin: the optimistic chance of a rejection there given every earlier draft accepted."""
+    def hazards(self, stats: RequestStats, match_size: int, optimistic: bool = False) -> list[float]:
+        """Per position bin: the chance of a rejection there given every earlier draft accepted (the smoothed
+        estimate; ``optimistic``: less the uncertainty bonus)."""
         bucket = min(match_size, MAX_SIZE_BUCKET)
         w = self.prior_weight
         out = []
+        shared = self.shared
         for i in range(NUM_BINS):
-            pooled = ((sum(r[i] for r in stats.rejected) + w * self.prior_hazard)
-                      / (sum(r[i] for r in stats.reached) + w))
+            across = (shared.rejected[bucket][i] + w * self.prior_hazard) / (shared.reached[bucket][i] + w)
+            pooled = ((sum(r[i] for r in stats.rejected) + w * across) / (sum(r[i] for r in stats.reached) + w))
             reached = stats.reached[bucket][i]
             h = (stats.rejected[bucket][i] + w * pooled) / (reached + w)
-            out.append(max(h - self.optimism * math.sqrt(h * (1.0 - h) / (reached + w)), 0.0))
+            if optimistic:
+                h = max(h - self.optimism * math.sqrt(h * (1.0 - h) / (reached + w)), 0.0)
+            out.append(h)
         return out
 
-    def expected_tokens(self, stats: RequestStats, match_size: int, longest: int) -> list[float]:
+    def expected_tokens(self, stats: RequestStats, match_size: int, longest: int,
+                        optimistic: bool = False) -> list[float]:
         """E(n) for n = 0 .. longest: expected tokens emitted by a draft of n tokens (the final token included)."""
-        hazard = self.hazards(stats, match_size)
+        hazard = self.hazards(stats, match_size, optimistic)
         out, survive = [1.0], 1.0
         for j in range(1, longest + 1):
             survive *= 1.0 - hazard[position_bin(j)]
@@ -290,18 +302,29 @@ class CostModel:
         return out
 
     def lengths(self, stats, match_sizes, available, k):
+        """The width worth most on the estimates; where that is no draft, a short exploratory draft (as many
+        tokens as the cheapest window for one draft token holds) when the optimistic estimates find it
+        worth its cost."""
         available = [0 if m == 0 else min(a, k) for m, a in zip(match_sizes, available)]
         widest = max(available, default=0)
         if widest == 0:
             return available
-        gains = [self.expected_tokens(s, m, a) for s, m, a in zip(stats, match_sizes, available)]
         batch = len(available)
+        width = self._best_width([self.expected_tokens(s, m, a) for s, m, a in zip(stats, match_sizes, available)],
+                                 batch, widest)
+        if width == 0 and self.optimism > 0:
+            short = min(widest, self.forward.cheapest(batch, 2)[0] - 1)
+            width = self._best_width([self.expected_tokens(s, m, min(a, short), optimistic=True)
+                                      for s, m, a in zip(stats, match_sizes, available)], batch, short)
+        return [min(a, width) for a in available]
+
+    def _best_width(self, gains: list[list[float]], batch: int, widest: int) -> int:
         best, width = -1.0, 0
         for c in range(widest + 1):
             value = sum(g[min(len(g) - 1, c)] for g in gains) / self.forward.cheapest(batch, c + 1)[1]
             if value > best:
                 best, width = value, c
-        return [min(a, width) for a in available]
+        return width
 
     def padded_width(self, width: int, batch: int) -> int:
         """The window to verify ``batch`` drafts of ``width`` nodes (root included) in: the cheapest one at
@@ -310,8 +333,10 @@ class CostModel:
 
     def observe(self, stats, match_size, drafted, accepted):
         stats.decay(self.decay)
+        self.shared.decay(self.shared_decay)
         if drafted:
             stats.record(match_size, drafted, accepted)
+            self.shared.record(match_size, drafted, accepted)
 
     def observe_forward(self, tokens: int, seconds: float) -> None:
         self.forward.observe(tokens, seconds)
