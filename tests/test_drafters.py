@@ -225,6 +225,7 @@ def test_cost_model_hazards_are_optimistic_where_evidence_is_thin():
     fresh = RequestStats()
     assert policy.hazards(fresh, 2)[0] == pytest.approx(0.5)
     assert policy.hazards(fresh, 2, optimistic=True)[0] == pytest.approx(0.5 - 0.5 * (0.25 / 2.0) ** 0.5)
+    assert policy.hazards(fresh, 2)[1] == pytest.approx(0.5 - 0.5 * (0.25 / 2.0) ** 0.5)   # deeper: always
     seen = RequestStats()
     for _ in range(6):
         seen.record(2, 1, 0)                      # six one-token drafts, all rejected: bin 0 reached 6 times

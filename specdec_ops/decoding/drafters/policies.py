@@ -236,11 +236,13 @@ class CostModel:
     of a rejection at position i given all before accepted) per position bin. A hazard is estimated from
     this request's drafts from matches of this size, smoothed towards the request's hazard over all match
     sizes, that towards the hazard of this match size over every request the policy has seen (``shared``)
-    and that towards ``prior_hazard``, each with ``prior_weight`` pseudo-observations. Where those
-    estimates find no draft worth its cost, optimism under uncertainty: a short draft (what the cheapest
-    window for one draft token holds, 3 tokens on a CPU) is tried if it is worth its cost at the hazards
-    ``h - optimism * sqrt(h (1 - h) / (n + prior_weight))`` (n: drafts of this request that reached the
-    position), so exploring costs little. Evidence decays every step, a request's by ``decay`` and
+    and that towards ``prior_hazard``, each with ``prior_weight`` pseudo-observations. Optimism under
+    uncertainty: past the first position the policy uses ``h - optimism * sqrt(h (1 - h) / (n +
+    prior_weight))`` (n: drafts of this request that reached the position), so a draft that is accepted
+    grows until the evidence says where it breaks; at the first position, which decides whether a draft
+    pays at all, the estimate itself, and where that finds no draft worth its cost, a short draft (what
+    the cheapest window for one draft token holds, 3 tokens on a CPU) is tried if the optimistic first
+    hazard finds it worth its cost, so exploring costs little. Evidence decays every step, a request's by ``decay`` and
     the shared one by ``shared_decay``: where drafting was rejected the evidence fades while nothing is
     drafted, so the policy tries again instead of locking drafting off for good, and a request that keeps
     drafting follows its latest acceptance.
@@ -249,7 +251,7 @@ class CostModel:
     ``sum_b E_b(min(available_b, c)) / cost(B (c + 1))``; request b drafts min(available_b, c).
     """
 
-    def __init__(self, forward_cost, prior_hazard: float = 0.5, prior_weight: float = 2.0, optimism: float = 0.5,
+    def __init__(self, forward_cost, prior_hazard: float = 0.6, prior_weight: float = 2.0, optimism: float = 0.5,
                  decay: float = 0.97, shared_decay: float = 0.99):
         self.forward = forward_cost if isinstance(forward_cost, ForwardCost) else ForwardCost(forward_cost)
         if not 0.0 < prior_hazard < 1.0:
@@ -275,8 +277,8 @@ class CostModel:
         return self.forward(tokens)
 
     def hazards(self, stats: RequestStats, match_size: int, optimistic: bool = False) -> list[float]:
-        """Per position bin: the chance of a rejection there given every earlier draft accepted (the smoothed
-        estimate; ``optimistic``: less the uncertainty bonus)."""
+        """Per position bin: the chance of a rejection there given every earlier draft accepted: the smoothed
+        estimate less the uncertainty bonus, at the first position only when ``optimistic``."""
         bucket = min(match_size, MAX_SIZE_BUCKET)
         w = self.prior_weight
         out = []
@@ -286,7 +288,7 @@ class CostModel:
             pooled = ((sum(r[i] for r in stats.rejected) + w * across) / (sum(r[i] for r in stats.reached) + w))
             reached = stats.reached[bucket][i]
             h = (stats.rejected[bucket][i] + w * pooled) / (reached + w)
-            if optimistic:
+            if optimistic or i > 0:
                 h = max(h - self.optimism * math.sqrt(h * (1.0 - h) / (reached + w)), 0.0)
             out.append(h)
         return out
