@@ -137,7 +137,7 @@ class ForwardCost:
     measurement is outvoted within a few steps, and a change of load moves every width alike.
 
     Costs are piecewise linear between points (extended past the last one with the start-up table's last
-    slope), never more than ``t`` one-token forwards, and :meth:`cheapest` pads a forward to the cheapest
+    slope), an untimed width never more than ``t`` one-token forwards, and :meth:`cheapest` pads a forward to the cheapest
     width at least as wide: on a CPU a forward over 2-3 tokens costs more than one over 4 (the matrix
     products switch kernels), so a short draft is verified in a wider, cheaper window.
     """
