@@ -12,10 +12,12 @@ half. Methods, all in this process, with the chat template:
   ByMatchLength((0, 16, 32)) with CopyCursor, k = 32)
 Each round runs every method on every prompt, interleaved prompt by prompt (fair under drifting load);
 each (method, prompt) reports its median round. tokens/s = generated tokens / wall time (prefill
-included); ratios of a category are of its summed tokens over its summed time. `same`: tokens identical
-to plain generate's.
+included); ratios of a category are of its summed tokens over its summed time, by wall time and by this
+process's CPU time (on a shared machine the wall time also counts other processes). `same`: tokens
+identical to plain generate's.
 
-    python bench/bench_e2e.py [--split all|tune|heldout] [--max-new-tokens 96] [--rounds 2] [--threads 1]
+    python bench/bench_e2e.py [--split all|tune|heldout] [--prompts bench/prompts_heldout.json]
+                              [--max-new-tokens 96] [--rounds 2] [--threads 1]
                               [--json out.json] [--plot out.png] [--variants] [--quick]
     python bench/bench_e2e.py --replot out.json [--plot out.png]
 
@@ -41,9 +43,9 @@ CATEGORIES = ("rewrite", "code", "extract", "open")
 GROUNDED = ("rewrite", "code", "extract")
 
 
-def load_prompts(split: str = "all") -> list[dict]:
+def load_prompts(split: str = "all", path: str = PROMPTS_PATH) -> list[dict]:
     """The prompt set: dicts with category, split ("tune" / "heldout") and text."""
-    with open(PROMPTS_PATH) as f:
+    with open(path) as f:
         prompts = json.load(f)["prompts"]
     return [p for p in prompts if split == "all" or p["split"] == split]
 
@@ -51,6 +53,9 @@ def load_prompts(split: str = "all") -> list[dict]:
 def main() -> None:
     parser = base_parser("End-to-end speculative decoding on a prompt set vs plain generate and prompt lookup")
     parser.add_argument("--split", default="all", choices=["all", "tune", "heldout"])
+    parser.add_argument("--prompts", default=PROMPTS_PATH,
+                        help="prompt set (default bench/prompts.json; bench/prompts_heldout.json: 8 prompts written "
+                             "after the presets were fixed)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=None, help="rounds over every prompt (default 2, --quick 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
@@ -78,7 +83,7 @@ def main() -> None:
 
     rounds = args.rounds or (1 if args.quick else 2)
     max_new = 32 if args.quick and args.max_new_tokens == 96 else args.max_new_tokens
-    prompts = load_prompts(args.split)
+    prompts = load_prompts(args.split, args.prompts)
     if args.quick:
         prompts = [next(p for p in prompts if p["category"] == c) for c in CATEGORIES]
     model, tokenizer = load_model(args.target or default_target(), args.device)
@@ -124,11 +129,11 @@ def main() -> None:
                 for name, fn in methods.items():
                     with nvtx_range(f"e2e-{name}", args.device):
                         synchronize(args.device)
-                        start = time.perf_counter()
+                        start, cpu = time.perf_counter(), time.process_time()
                         tokens, stats = fn(p)
                         synchronize(args.device)
-                        seconds = time.perf_counter() - start
-                    runs[name][i].append({"tokens": tokens, "seconds": seconds,
+                        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+                    runs[name][i].append({"tokens": tokens, "seconds": seconds, "cpu_seconds": cpu,
                                           "forwards": None if stats is None else stats.target_forwards})
             print(f"round {r + 1}/{rounds} done", flush=True)
 
@@ -137,16 +142,20 @@ def main() -> None:
         reference = runs["plain"][i][0]["tokens"]
         for name in methods:
             seconds = statistics.median(x["seconds"] for x in runs[name][i])
+            cpu = statistics.median(x["cpu_seconds"] for x in runs[name][i])
             first = runs[name][i][0]
             rows.append({"category": prompt["category"], "split": prompt["split"], "prompt": i, "method": name,
-                         "tokens": len(first["tokens"]), "seconds": seconds, "forwards": first["forwards"],
+                         "tokens": len(first["tokens"]), "seconds": seconds, "cpu_seconds": cpu,
+                         "forwards": first["forwards"],
                          "same": all(x["tokens"] == reference for x in runs[name][i])})
     summary = summarize(rows, list(methods))
     print_tables(summary, rows, list(methods))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": {"device": args.device, "threads": torch.get_num_threads(), "max_new_tokens": max_new,
-                                  "rounds": rounds, "split": args.split, "forward_cost": cost},
+                                  "rounds": rounds, "split": args.split, "forward_cost": cost,
+                                  "prompts": os.path.relpath(args.prompts, os.path.dirname(PROMPTS_PATH)),
+                                  "load_average": os.getloadavg()},
                        "rows": rows, "summary": summary}, f, indent=1)
     if args.plot:
         plot(summary, list(methods), args.plot)
@@ -154,7 +163,9 @@ def main() -> None:
 
 def summarize(rows: list[dict], methods: list[str]) -> dict:
     """Per split (tune, heldout, all) and group (each category, grounded = rewrite + code + extract): per
-    method tokens/s and its ratio to plain and to prompt lookup; per open-ended prompt default vs plain."""
+    method tokens/s and its ratio to plain and to prompt lookup, by wall time and by this process's CPU
+    time (``_cpu``: what other processes on a shared machine take does not count); per open-ended prompt
+    each method vs plain."""
     out = {}
     for split in ("tune", "heldout", "all"):
         chosen = [r for r in rows if split == "all" or r["split"] == split]
@@ -169,8 +180,11 @@ def summarize(rows: list[dict], methods: list[str]) -> dict:
                 continue
             rate = {m: sum(r["tokens"] for r in sel if r["method"] == m) /
                     sum(r["seconds"] for r in sel if r["method"] == m) for m in methods}
+            cpu = {m: sum(r["tokens"] for r in sel if r["method"] == m) /
+                   sum(r["cpu_seconds"] for r in sel if r["method"] == m) for m in methods}
             table[group] = {m: {"tokens_per_s": rate[m], "vs_plain": rate[m] / rate["plain"],
-                                "vs_lookup": rate[m] / rate["lookup"],
+                                "vs_lookup": rate[m] / rate["lookup"], "vs_plain_cpu": cpu[m] / cpu["plain"],
+                                "vs_lookup_cpu": cpu[m] / cpu["lookup"],
                                 "same": all(r["same"] for r in sel if r["method"] == m)} for m in methods}
         per_prompt = {}
         for r in chosen:
@@ -178,6 +192,8 @@ def summarize(rows: list[dict], methods: list[str]) -> dict:
                 plain = next(x for x in chosen if x["prompt"] == r["prompt"] and x["method"] == "plain")
                 per_prompt.setdefault(r["method"], []).append(plain["seconds"] / r["seconds"] *
                                                               r["tokens"] / max(plain["tokens"], 1))
+                per_prompt.setdefault(r["method"] + "_cpu", []).append(
+                    plain["cpu_seconds"] / r["cpu_seconds"] * r["tokens"] / max(plain["tokens"], 1))
         out[split] = {"groups": table, "open_vs_plain_per_prompt": per_prompt}
     return out
 
@@ -191,6 +207,10 @@ def print_tables(summary: dict, rows: list[dict], methods: list[str]) -> None:
             cells = [f"{per[m]['tokens_per_s']:.1f} ({per[m]['vs_plain']:.2f}x, {per[m]['vs_lookup']:.2f}x)"
                      + ("" if per[m]["same"] else " DIFFERENT") for m in methods]
             print(f"| {group} | " + " | ".join(cells) + " |")
+        print(f"\n== {split}, by CPU time: x plain generate, x prompt lookup 10")
+        for group, per in data["groups"].items():
+            print(f"| {group} | " + " | ".join(f"{per[m]['vs_plain_cpu']:.2f}x, {per[m]['vs_lookup_cpu']:.2f}x"
+                                                for m in methods) + " |")
         for m, ratios in data["open_vs_plain_per_prompt"].items():
             print(f"open-ended prompts, {m} vs plain, each: " + ", ".join(f"{x:.2f}x" for x in ratios))
     forwards = {m: [r["forwards"] for r in rows if r["method"] == m] for m in methods}

@@ -8,7 +8,7 @@ import torch
 from specdec_ops.decoding import (ByMatchLength, CopyCursor, CostModel, FixedLength, Match, NGramDrafter,
                                   find_matches)
 from specdec_ops.decoding.batch import Batch
-from specdec_ops.decoding.drafters import NGramRequest, RequestStats
+from specdec_ops.decoding.drafters import ForwardCost, NGramRequest, RequestStats
 from specdec_ops.decoding.sampling import request_seeds
 
 
@@ -86,7 +86,7 @@ def brute_force_best_width(survive, available, fixed, per_token):
 
 
 def test_cost_model_drafts_long_after_acceptance_nothing_after_rejection():
-    cost = CostModel((10.0, 1.0), prior_hazard=0.3, prior_weight=1.0)
+    cost = CostModel((10.0, 1.0), prior_hazard=0.3, prior_weight=1.0, optimism=0.0, decay=1.0)
     fresh = RequestStats()
     prior = cost.lengths([fresh], [3], [32], 32)[0]
     assert prior == brute_force_best_width([lambda j: 0.7], [32], 10.0, 1.0)
@@ -200,16 +200,156 @@ def test_ngram_argument_errors_name_the_argument():
 
 
 def test_cost_model_uses_measured_costs_between_points():
-    """A measured table: linear between points, extended from the last two; a width whose forward costs much
-    more per token (here 2-3 tokens, as on a CPU) is skipped for a cheaper wider one."""
-    cost = CostModel({1: 10.0, 2: 25.0, 4: 26.0, 8: 28.0})
-    assert cost.cost(1) == 10.0 and cost.cost(3) == pytest.approx(25.5) and cost.cost(16) == pytest.approx(32.0)
+    """A measured table: linear between points, extended past the last one; a width whose forward costs much
+    more per token (here 2 tokens, nearly two forwards) is skipped for a wider one worth its cost."""
+    cost = CostModel({1: 10.0, 2: 20.0, 3: 25.0, 4: 26.0, 8: 28.0}, optimism=0.0, decay=1.0)
+    assert cost.cost(1) == 10.0 and cost.cost(6) == pytest.approx(27.0) and cost.cost(16) == pytest.approx(32.0)
     good = RequestStats()
     for _ in range(20):
         good.record(3, 3, 2)           # two of three accepted: the third position is often rejected
     lengths = {a: cost.lengths([good], [3], [a], 32)[0] for a in (1, 2, 3)}
-    assert lengths[1] == 0 and lengths[3] == 3     # one draft costs 2.5x a forward; three cost 2.6x and emit ~3
+    assert lengths[1] == 0 and lengths[3] == 3     # one draft costs 2x a forward, two 2.5x; three cost 2.6x, emit ~2.7
     with pytest.raises(ValueError, match="forward_cost"):
         CostModel({0: 1.0})
     with pytest.raises(ValueError, match="forward_cost"):
         CostModel({1: -1.0})
+
+
+def test_cost_model_hazards_are_optimistic_where_evidence_is_thin():
+    """Optimistic hazards are h - optimism * sqrt(h (1 - h) / (n + w)), h the smoothed hazard, n the drafts
+    that reached the bin: the bonus shrinks as evidence grows. They are used only to explore: where the
+    estimates find no draft worth its cost, a short draft (what the cheapest window for one token holds:
+    4 nodes here, as on a CPU) is tried when it is worth its cost optimistically."""
+    table = {1: 1.0, 2: 1.9, 3: 2.2, 4: 1.6, 8: 2.0, 17: 2.8}
+    policy = CostModel(table, prior_hazard=0.5, prior_weight=2.0, optimism=0.5, decay=1.0)
+    fresh = RequestStats()
+    assert policy.hazards(fresh, 2)[0] == pytest.approx(0.5)
+    assert policy.hazards(fresh, 2, optimistic=True)[0] == pytest.approx(0.5 - 0.5 * (0.25 / 2.0) ** 0.5)
+    assert policy.hazards(fresh, 2)[1] == pytest.approx(0.5 - 0.5 * (0.25 / 2.0) ** 0.5)   # deeper: always
+    seen = RequestStats()
+    for _ in range(6):
+        seen.record(2, 1, 0)                      # six one-token drafts, all rejected: bin 0 reached 6 times
+    pooled = (6 + 2 * 0.5) / (6 + 2)
+    h = (6 + 2 * pooled) / (6 + 2)
+    assert policy.hazards(seen, 2)[0] == pytest.approx(h)
+    assert policy.hazards(seen, 2, optimistic=True)[0] == pytest.approx(h - 0.5 * (h * (1 - h) / 8) ** 0.5)
+    doubtful = CostModel(table, prior_hazard=0.65, optimism=0.5)
+    mean_only = CostModel(table, prior_hazard=0.65, optimism=0.0)
+    assert mean_only.lengths([fresh], [2], [16], 16) == [0]
+    assert doubtful.lengths([fresh], [2], [16], 16) == [3]          # explores with the 4-node window's 3 tokens
+    assert doubtful.lengths([fresh], [2], [2], 16) == [2]
+    assert CostModel(table, prior_hazard=0.95).lengths([fresh], [2], [16], 16) == [0]   # not worth it even so
+    for kwargs, name in ((dict(optimism=-1.0), "optimism"), (dict(decay=0.0), "decay"), (dict(decay=1.5), "decay"),
+                         (dict(shared_decay=0.0), "shared_decay")):
+        with pytest.raises(ValueError, match=name):
+            CostModel((1, 1), **kwargs)
+
+
+def run_policy(policy, steps, accept):
+    """Drive a policy as NGramDrafter does, one request with a 2-token match every step: lengths, then
+    observe (every step, drafted 0 included). ``accept(step, drafted)`` says how many drafts are accepted.
+    Returns the lengths drafted per step."""
+    stats, drafted = RequestStats(), []
+    for step in range(steps):
+        n = policy.lengths([stats], [2], [16], 16)[0]
+        policy.observe(stats, 2, n, accept(step, n) if n else 0)
+        drafted.append(n)
+    return drafted
+
+
+def test_cost_model_drafts_again_after_early_rejections():
+    """Rejections early on stop drafting for a while, not for good: the evidence fades while the request
+    does not draft, and the optimistic hazard lets it try again; once drafts are accepted it drafts long.
+    A policy that never drafts again after a run of rejections (no decay, no optimism) fails this."""
+    policy = CostModel({1: 1.0, 4: 1.6, 8: 2.0, 17: 2.8}, prior_hazard=0.5)
+    drafted = run_policy(policy, 200, lambda step, n: 0 if step < 40 else n)   # the text turns copyable at 40
+    assert drafted[0] > 0                                       # a fresh request explores
+    assert any(n == 0 for n in drafted[:40])                    # rejections stop it ...
+    assert sum(n > 0 for n in drafted[:40]) < 20
+    assert any(n > 0 for n in drafted[40:100])                  # ... for a while only
+    assert all(n >= 12 for n in drafted[150:])                  # accepted drafts: long ones
+    locked = CostModel({1: 1.0, 4: 1.6, 8: 2.0, 17: 2.8}, prior_hazard=0.5, optimism=0.0, decay=1.0,
+                       shared_decay=1.0)
+    assert not any(run_policy(locked, 200, lambda step, n: 0 if step < 40 else n)[40:])
+
+
+def test_cost_model_keeps_drafting_costs_low_where_nothing_is_accepted():
+    """Exploration is bounded: with every draft rejected, at most about one step in eight drafts."""
+    policy = CostModel({1: 1.0, 4: 1.6, 8: 2.0, 17: 2.8}, prior_hazard=0.5)
+    drafted = run_policy(policy, 400, lambda step, n: 0)
+    assert sum(n > 0 for n in drafted[50:]) <= 350 / 8
+
+
+def test_forward_cost_follows_the_loops_timings():
+    """A start-up table that is wrong (4 tokens timed at 10x during a load spike) is outvoted once the loop
+    has timed that width min_samples times; untimed points follow the load seen on timed ones."""
+    cost = ForwardCost({1: 1.0, 4: 10.0, 8: 2.0}, window=4, min_samples=3)
+    assert cost(4) == pytest.approx(4.0)                   # never more than 4 one-token forwards
+    assert cost(2) == pytest.approx(2.0) and cost(6) == pytest.approx(3.0)   # between 4 (capped) and 8
+    for _ in range(3):
+        cost.observe(4, 1.5)
+    assert cost(4) == pytest.approx(1.5)
+    busy = ForwardCost({1: 1.0, 2: 1.2, 8: 2.0})
+    for _ in range(5):
+        busy.observe(1, 2.0)                               # the machine got twice as slow
+    assert busy(1) == pytest.approx(2.0) and busy(8) == pytest.approx(4.0) and busy(2) == pytest.approx(2.4)
+    cost.observe(4, 0.0)                                   # ignored
+    assert len(cost.samples[4]) == 3
+    for kwargs in (dict(window=0), dict(min_samples=0), dict(window=2, min_samples=3)):
+        with pytest.raises(ValueError, match="window|min_samples"):
+            ForwardCost({1: 1.0}, **kwargs)
+
+
+def test_forward_cost_pads_to_a_cheaper_wider_window():
+    """On a CPU 2-3 tokens cost more than 4: a 1-token draft is verified in a 4-token window, whose cost the
+    policy then uses for widths 2 and 3."""
+    cost = ForwardCost({1: 13.0, 2: 25.0, 3: 27.0, 4: 20.0, 8: 30.0})
+    assert cost.cheapest(1, 1) == (1, 13.0)
+    assert cost.cheapest(1, 2) == (4, 20.0) and cost.cheapest(1, 3) == (4, 20.0) and cost.cheapest(1, 4) == (4, 20.0)
+    assert cost.cheapest(1, 5) == (5, pytest.approx(22.5))
+    assert cost.cheapest(2, 2) == (2, 20.0)                # two requests of 2 nodes: a 4-token forward
+    assert cost.cheapest(2, 1) == (2, 20.0)                # 2 x 1 tokens cost more than 2 x 2
+    policy = CostModel(cost)
+    assert policy.padded_width(2, 1) == 4 and policy.padded_width(6, 1) == 6
+    drafter = NGramDrafter(length=policy)
+    batch = make_batch([[5, 6, 7, 5]])                     # "5" matched at 0: continuation 6 7 5 (3 tokens)
+    draft = drafter.propose(batch, 1, None, None)          # k = 1: one draft token, in a window of 4
+    assert draft.tokens.shape == (1, 4) and draft.num_nodes.tolist() == [2] and draft.tokens[0, :2].tolist() == [5, 6]
+
+
+def test_ngram_drafts_stop_before_end_of_sequence():
+    """Tokens after an EOS are never emitted: a continuation is cut before the first EOS (chain and trie)."""
+    seq = [7, 8, 1, 2, 99, 3, 4, 7, 8]
+    batch = Batch([seq], 32, {99}, request_seeds(0, 1, "cpu"), 128, torch.device("cpu"))
+    draft = NGramDrafter().propose(batch, 6, None, None)
+    assert draft.num_nodes.tolist() == [3] and draft.tokens[0].tolist() == [8, 1, 2]
+    trie = NGramDrafter().propose(batch, 6, 8, None)
+    assert trie.num_nodes.tolist() == [3] and trie.tokens[0, :3].tolist() == [8, 1, 2]
+    assert NGramDrafter().propose(make_batch([seq]), 6, None, None).num_nodes.tolist() == [7]   # no EOS set
+
+
+class RecordingPolicy(FixedLength):
+    def __init__(self):
+        self.forwards, self.observed = [], []
+
+    def observe(self, stats, match_size, drafted, accepted):
+        self.observed.append((match_size, drafted, accepted))
+
+    def observe_forward(self, tokens, seconds):
+        self.forwards.append((tokens, seconds))
+
+
+def test_ngram_feeds_the_policy_every_step_and_the_verify_time():
+    """commit() reports every request every step (drafted 0 too: the cost model's evidence fades then) and
+    the wall time since propose() for the forward's tokens."""
+    batch = make_batch([[1, 2, 3, 1, 2], [5, 6]])
+    policy = RecordingPolicy()
+    drafter = NGramDrafter(length=policy)
+    drafter.reset(batch, 64, 100)
+    draft = drafter.propose(batch, 2, None, None)
+    assert draft.num_nodes.tolist() == [3, 1]
+    drafter.commit(torch.tensor([[0, 1, -1], [0, -1, -1]]), torch.tensor([1, 0], dtype=torch.int32))
+    assert policy.observed == [(2, 2, 1), (0, 0, 0)]
+    assert len(policy.forwards) == 1 and policy.forwards[0][0] == 6 and policy.forwards[0][1] > 0
+    drafter.commit(torch.tensor([[0, -1, -1], [0, -1, -1]]), torch.tensor([0, 0], dtype=torch.int32))
+    assert len(policy.forwards) == 1                      # one timing per proposal

@@ -18,14 +18,15 @@ def default_setup(target_model, tokenizer=None) -> dict:
 
     Prompt lookup over the request's tokens (``NGramDrafter(n=3)``), the copied text followed through
     small edits (:class:`CopyCursor`), and each draft as long as the :class:`CostModel` finds worth its
-    verify cost, from the acceptance observed so far and this target's forward cost measured here on its
-    device (:func:`measure_forward_cost`); chain drafts of at most 32 tokens. ``tokenizer`` is accepted
+    verify cost, from the acceptance observed so far and this target's forward cost, measured here on its
+    device (:func:`measure_forward_cost`) and then kept current from the loop's own verify forwards; chain
+    drafts of at most 32 tokens. ``tokenizer`` is accepted
     for presets that need it (the n-gram drafter works on token ids and does not).
 
     Use: ``SpeculativeDecoder(model, **default_setup(model, tokenizer))``.
     """
     cost = measure_forward_cost(target_model)
-    drafter = NGramDrafter(n=3, length=CostModel(cost, prior_hazard=0.5), rerank=[CopyCursor(COPY_WINDOW)])
+    drafter = NGramDrafter(n=3, length=CostModel(cost), rerank=[CopyCursor(COPY_WINDOW)])
     return {"drafter": drafter, "num_speculative_tokens": DEFAULT_K, "tree": None}
 
 
@@ -33,10 +34,11 @@ COST_WIDTHS = (1, 2, 3, 4, 8, 16, 32)   # verify widths timed by measure_forward
 
 
 @torch.inference_mode()
-def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: int = 1) -> dict[int, float]:
+def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: int = 3) -> dict[int, float]:
     """{tokens: seconds} of a verify forward of ``model`` on its device over windows of ``widths`` tokens
     after a ``prefix``-token prefill (the loop's own forward and cache): the fastest of ``repeat`` runs
-    after a warm-up run each."""
+    after a warm-up run each (the fastest: load on a shared machine only ever adds time). The cost model
+    starts from it and follows the loop's own timings from there (:class:`ForwardCost`)."""
     device, dtype = model_device(model), model_dtype(model)
     vocab = int(model.config.vocab_size)
     cache = RaggedKVCache(model, 1, prefix + max(widths) + 1, device, dtype)
@@ -44,18 +46,17 @@ def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: i
     mask, depth = chain_tree(prefix, 1, device)
     forward(model, cache, tokens, cache.seq_lens, depth, mask, logits_at=torch.tensor([prefix - 1], device=device))
     cache.seq_lens.fill_(prefix)
-    out = {}
-    for width in widths:
-        ids = torch.arange(width, device=device)[None] % vocab
-        mask, depth = chain_tree(width, 1, device)
-        best = float("inf")
-        for _ in range(repeat + 1):                      # the first run warms up
+    out = {width: float("inf") for width in widths}
+    for run in range(repeat + 1):                        # the first round warms up; widths interleaved
+        for width in widths:
+            ids = torch.arange(width, device=device)[None] % vocab
+            mask, depth = chain_tree(width, 1, device)
             _synchronize(device)
             start = time.perf_counter()
             forward(model, cache, ids, cache.seq_lens, depth, mask)
             _synchronize(device)
-            best = min(best, time.perf_counter() - start)
-        out[width] = best
+            if run:
+                out[width] = min(out[width], time.perf_counter() - start)
     return out
 
 

@@ -3,7 +3,8 @@ HF model (ModelDrafter). Each implements the Drafter protocol of ``decoding/type
 
 from .model import ModelDrafter
 from .ngram import CopyCursor, Match, NGramDrafter, NGramRequest, find_matches
-from .policies import ByMatchLength, CostModel, DraftLengthPolicy, FixedLength, RequestStats
+from .policies import ByMatchLength, CostModel, DraftLengthPolicy, FixedLength, ForwardCost, RequestStats
 
 __all__ = ["NGramDrafter", "ModelDrafter", "find_matches", "Match", "NGramRequest", "CopyCursor",
-           "DraftLengthPolicy", "FixedLength", "ByMatchLength", "CostModel", "RequestStats"]
+           "DraftLengthPolicy", "FixedLength", "ByMatchLength", "CostModel", "ForwardCost",
+           "RequestStats"]

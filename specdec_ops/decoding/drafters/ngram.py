@@ -14,6 +14,7 @@ matches of a request (the copy cursor). What a drafter remembers of a request li
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -112,6 +113,12 @@ class NGramDrafter:
     rerank : re-rankers applied in order to each request's matches (e.g. ``[CopyCursor(8)]``)
     max_matches : matches kept per request (a tree merges them into a trie: best first)
 
+    A continuation stops before the first end-of-sequence token (``batch.eos``): nothing after it is ever
+    emitted, so drafting past it only widens the verify forward (transformers' prompt lookup does the same).
+    With a policy that pads (``padded_width``, the cost model) a chain is verified in the cheapest window
+    at least as wide as the draft, and the policy is fed each verify step's wall time (``observe_forward``:
+    from the end of ``propose`` to ``commit``, after the loop's host sync).
+
     With a tree budget the matches (best first) are merged into a trie of at most ``tree`` nodes, each
     branch as long as the length policy gives its match.
     """
@@ -138,22 +145,26 @@ class NGramDrafter:
         self.length = length if length is not None else FixedLength()
         self.rerank = list(rerank)
         self.requests: list[NGramRequest] = []
+        self._timer: tuple[float, int] | None = None     # (end of the last propose, its forward's tokens)
 
     # ---------------------------------------------------------------------------------------- protocol
 
     def reset(self, batch, capacity, vocab_size):
         self.requests = [NGramRequest() for _ in range(len(batch))]
+        self._timer = None
 
     def keep(self, rows):
         self.requests = [self.requests[b] for b in rows.tolist()]
 
     def commit(self, accepted_path, num_accepted):
         accepted = num_accepted.tolist()
+        if self._timer is not None and hasattr(self.length, "observe_forward"):
+            self.length.observe_forward(self._timer[1], time.perf_counter() - self._timer[0])
+        self._timer = None
         last = torch.gather(accepted_path.long(), 1, num_accepted.long()[:, None])[:, 0].tolist()
         for state, acc, node in zip(self.requests, accepted, last):
-            if state.drafted:
-                size = state.match_sizes[1] if len(state.match_sizes) > 1 else 0
-                self.length.observe(state.stats, size, state.drafted, acc)
+            size = state.match_sizes[1] if len(state.match_sizes) > 1 else 0
+            self.length.observe(state.stats, size, state.drafted, acc)
             for r in self.rerank:
                 if hasattr(r, "commit"):
                     r.commit(state, node)
@@ -169,15 +180,26 @@ class NGramDrafter:
             for r in self.rerank:
                 matches = r.rerank(state, tokens, matches)
             ranked.append(matches)
-        if tree is None:
-            return self._chain(batch, ranked, caps, k)
-        return self._trie(batch, ranked, caps, k, tree)
+        draft = self._chain(batch, ranked, caps, k) if tree is None else self._trie(batch, ranked, caps, k, tree)
+        self._timer = (time.perf_counter(), draft.tokens.numel())
+        return draft
+
+    @staticmethod
+    def _available(tokens: Sequence[int], start: int, cap: int, eos: set[int]) -> int:
+        """Tokens of the continuation at ``start`` worth drafting: at most ``cap``, none from the first EOS on."""
+        end = min(len(tokens), start + cap)
+        if eos:
+            for i in range(start, end):
+                if tokens[i] in eos:
+                    return i - start
+        return end - start
 
     # ---------------------------------------------------------------------------------------- drafts
 
     def _chain(self, batch, ranked, caps, k) -> Draft:
         best = [m[0] if m else None for m in ranked]
-        avail = [0 if m is None else min(cap, len(t) - m.start) for m, cap, t in zip(best, caps, batch.history)]
+        avail = [0 if m is None else self._available(t, m.start, cap, batch.eos)
+                 for m, cap, t in zip(best, caps, batch.history)]
         lengths = self.length.lengths([s.stats for s in self.requests],
                                       [0 if m is None else m.size for m in best], avail, k)
         conts = []
@@ -188,6 +210,8 @@ class NGramDrafter:
             state.match_sizes = [0] + [m.size] * n if n else [0]
             state.drafted = n
         width = 1 + max(len(c) for c in conts)
+        if width > 1 and hasattr(self.length, "padded_width"):
+            width = self.length.padded_width(width, len(conts))
         rows = [[t[-1]] + c + [0] * (width - 1 - len(c)) for t, c in zip(batch.history, conts)]
         tokens = torch.tensor(rows, dtype=torch.int64, device=batch.device)
         num_nodes = torch.tensor([1 + len(c) for c in conts], dtype=torch.int64, device=batch.device)
@@ -198,7 +222,7 @@ class NGramDrafter:
         for state, matches, cap, tokens in zip(self.requests, ranked, caps, batch.history):
             toks, pars, children, srcs, sizes, depth = [tokens[-1]], [-1], [{}], [-1], [0], [0]
             for m in matches:
-                avail = min(cap, len(tokens) - m.start)
+                avail = self._available(tokens, m.start, cap, batch.eos)
                 n = self.length.lengths([state.stats], [m.size], [avail], k)[0]
                 node = 0
                 for i, tok in enumerate(tokens[m.start:m.start + n]):

@@ -4,6 +4,9 @@ One interface, called the same way every step for the whole batch::
 
     policy.lengths(stats, match_sizes, available, k) -> list[int]   # per request, 0 .. available[b]
     policy.observe(stats_b, match_size, drafted, accepted)           # after verification, per request
+                                                                      # (every step; drafted may be 0)
+    policy.observe_forward(tokens, seconds)                          # optional: a timed verify forward
+    policy.padded_width(width, batch) -> int                         # optional: the window to verify in
 
 ``stats`` are the requests' :class:`RequestStats` (acceptance observed so far), ``match_sizes`` the
 n-gram size behind each request's best match (0: no match), ``available`` how many tokens each could
@@ -12,12 +15,17 @@ draft (continuation left, ``max_new_tokens`` and k). Policies:
 - :class:`FixedLength`: k tokens (classic prompt lookup).
 - :class:`ByMatchLength`: a table of lengths by match size, e.g. ``(0, 16, 32)``.
 - :class:`CostModel`: the length that maximizes expected emitted tokens per unit of verify cost, from
-  the acceptance observed so far and the measured cost of a forward over t tokens; in a batch every
-  request pays for the widest draft, so one shared width is chosen.
+  the acceptance observed so far (optimistic where evidence is thin, fading where it is old) and the
+  cost of a forward over t tokens (:class:`ForwardCost`: measured at start-up, then kept current from
+  the loop's own timed forwards); in a batch every request pays for the widest draft, so one shared
+  width is chosen.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -33,13 +41,18 @@ def position_bin(j: int) -> int:
     return min(j.bit_length() - 1, NUM_BINS - 1)
 
 
+def _zeros() -> list[list[float]]:
+    return [[0.0] * NUM_BINS for _ in range(MAX_SIZE_BUCKET + 1)]
+
+
 @dataclass
 class RequestStats:
     """Acceptance observed for one request: per match-size bucket and position bin, how many drafts reached
-    that position (all earlier drafts accepted) and how many were rejected there."""
+    that position (all earlier drafts accepted) and how many were rejected there (weights: :meth:`decay`
+    scales old evidence down)."""
 
-    reached: list[list[int]] = field(default_factory=lambda: [[0] * NUM_BINS for _ in range(MAX_SIZE_BUCKET + 1)])
-    rejected: list[list[int]] = field(default_factory=lambda: [[0] * NUM_BINS for _ in range(MAX_SIZE_BUCKET + 1)])
+    reached: list[list[float]] = field(default_factory=lambda: _zeros())
+    rejected: list[list[float]] = field(default_factory=lambda: _zeros())
 
     def record(self, match_size: int, drafted: int, accepted: int) -> None:
         bucket = min(match_size, MAX_SIZE_BUCKET)
@@ -48,6 +61,14 @@ class RequestStats:
         if accepted < drafted:
             self.rejected[bucket][position_bin(accepted + 1)] += 1
 
+    def decay(self, factor: float) -> None:
+        """Scale every count by ``factor`` (older evidence weighs less)."""
+        if factor != 1.0:
+            for table in (self.reached, self.rejected):
+                for row in table:
+                    for i, x in enumerate(row):
+                        row[i] = x * factor
+
 
 class DraftLengthPolicy(Protocol):
     def lengths(self, stats: Sequence[RequestStats], match_sizes: Sequence[int], available: Sequence[int],
@@ -55,7 +76,8 @@ class DraftLengthPolicy(Protocol):
         """Draft length per request, each in 0 .. available[b]."""
 
     def observe(self, stats: RequestStats, match_size: int, drafted: int, accepted: int) -> None:
-        """A draft of ``drafted`` tokens from a match of ``match_size`` had ``accepted`` tokens accepted."""
+        """After every step: a draft of ``drafted`` tokens (0: none) from a match of ``match_size`` had
+        ``accepted`` tokens accepted."""
 
 
 class FixedLength:
@@ -65,7 +87,8 @@ class FixedLength:
         return [min(a, k) for a in available]
 
     def observe(self, stats, match_size, drafted, accepted):
-        stats.record(match_size, drafted, accepted)
+        if drafted:
+            stats.record(match_size, drafted, accepted)
 
 
 def _cost_points(forward_cost) -> list[tuple[int, float]]:
@@ -99,58 +122,181 @@ class ByMatchLength:
                 for m, a in zip(match_sizes, available)]
 
     def observe(self, stats, match_size, drafted, accepted):
-        stats.record(match_size, drafted, accepted)
+        if drafted:
+            stats.record(match_size, drafted, accepted)
+
+
+class ForwardCost:
+    """What a verify forward over ``t`` tokens costs, kept current from the loop's own timed forwards.
+
+    It starts from a measured table ``{tokens: seconds}`` (:func:`~specdec_ops.decoding.measure_forward_cost`)
+    or ``(fixed, per_token)`` for ``fixed + per_token * t``, and from there on each timed verify forward
+    (:meth:`observe`) counts: a width forwarded at least ``min_samples`` times costs the median of its last
+    ``window`` timings, every other table point its start-up value times the median ratio of the recent
+    timings to the start-up table (the load now against the load at start-up). So one noisy start-up
+    measurement is outvoted within a few steps, and a change of load moves every width alike.
+
+    Costs are piecewise linear between points (extended past the last one with the start-up table's last
+    slope), an untimed width never more than ``t`` one-token forwards, and :meth:`cheapest` pads a forward to the cheapest
+    width at least as wide: on a CPU a forward over 2-3 tokens costs more than one over 4 (the matrix
+    products switch kernels), so a short draft is verified in a wider, cheaper window.
+    """
+
+    def __init__(self, measured, window: int = 16, min_samples: int = 3):
+        self.start_up = _cost_points(measured)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ops.SpecDecArgumentError(f"window must be an int >= 1, got {window!r}")
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or not 1 <= min_samples <= window:
+            raise ops.SpecDecArgumentError(f"min_samples must be an int in [1, window = {window}], got "
+                                           f"{min_samples!r}")
+        self.window, self.min_samples = window, min_samples
+        self.samples: dict[int, deque] = {}              # tokens -> the last `window` timings
+        self.ratios: deque = deque(maxlen=2 * window)    # timing / start-up cost, latest forwards
+        self._points: list[tuple[int, float]] | None = None
+        self._observed: dict[int, float] = {}
+        self._cheapest: dict[tuple[int, int], list[tuple[int, float]]] = {}
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A verify forward over ``tokens`` tokens (all requests' windows) took ``seconds``."""
+        if tokens < 1 or not seconds > 0.0:
+            return
+        self.samples.setdefault(tokens, deque(maxlen=self.window)).append(seconds)
+        self.ratios.append(seconds / _interpolate(self.start_up, tokens))
+        self._points, self._cheapest = None, {}
+
+    def points(self) -> list[tuple[int, float]]:
+        """The current (tokens, cost) points, sorted by tokens."""
+        if self._points is None:
+            self._points = sorted(self._merged().items())
+        return self._points
+
+    def _merged(self) -> dict[int, float]:
+        scale = statistics.median(self.ratios) if self.ratios else 1.0
+        observed = {t: statistics.median(timings) for t, timings in self.samples.items()
+                    if len(timings) >= self.min_samples}
+        points = {t: c * scale for t, c in self.start_up}
+        points.update(observed)
+        one = _interpolate(sorted(points.items()), 1)
+        for t in points:                   # an untimed point: never more than t one-token forwards
+            if t not in observed:
+                points[t] = min(points[t], t * one)
+        self._observed = observed
+        return points
+
+    def __call__(self, tokens: int) -> float:
+        """Cost of a forward over ``tokens`` tokens (not padded)."""
+        points = self.points()
+        if tokens in self._observed:
+            return self._observed[tokens]
+        last, one = points[-1], _interpolate(points, 1)
+        if tokens > last[0] and len(self.start_up) > 1:      # past the table: the start-up slope
+            (t0, c0), (t1, c1) = self.start_up[-2:]
+            scale = statistics.median(self.ratios) if self.ratios else 1.0
+            cost = last[1] + (tokens - last[0]) * max(c1 - c0, 0.0) / (t1 - t0) * scale
+        else:
+            cost = _interpolate(points, tokens)
+        return max(min(cost, tokens * one), 1e-12)
+
+    def cheapest(self, batch: int, width: int) -> tuple[int, float]:
+        """(padded width >= ``width``, its cost): the cheapest forward of ``batch`` windows of one width."""
+        widest = max(width, -(-self.points()[-1][0] // batch))
+        table = self._cheapest.get((batch, widest))
+        if table is None:           # suffix minimum over widths 1 .. widest
+            table = [(0, 0.0)] * (widest + 2)
+            table[widest + 1] = (widest + 1, float("inf"))
+            for w in range(widest, 0, -1):
+                cost = self(batch * w)
+                table[w] = (w, cost) if cost <= table[w + 1][1] else table[w + 1]
+            self._cheapest[(batch, widest)] = table
+        return table[width]
+
+
+def _interpolate(points: list[tuple[int, float]], tokens: int) -> float:
+    """Piecewise linear through sorted (tokens, cost) points; one point scales linearly; past the ends the
+    nearest segment is extended."""
+    if len(points) == 1:
+        return points[0][1] * tokens / points[0][0]
+    for (t0, c0), (t1, c1) in zip(points, points[1:]):
+        if tokens <= t1 or (t1, c1) == points[-1]:
+            return max(c0 + (c1 - c0) * (tokens - t0) / (t1 - t0), 1e-12)
+    return points[-1][1]
 
 
 class CostModel:
     """The draft length that maximizes expected emitted tokens per verify cost.
 
-    ``forward_cost`` is what a verify forward over ``t`` tokens (all requests' windows together) costs:
-    a mapping ``{tokens: cost}`` of measured points (:func:`~specdec_ops.decoding.measure_forward_cost`;
-    linear between them, extended from the last two), or ``(fixed, per_token)`` for ``fixed + per_token
-    * t``. On a CPU the measured cost is far from linear (matrix products over 2-3 rows cost much more
-    per row than over 1 or 4), which is why a table. Request b emits ``E_b(n) = 1 + S_b(1) + ... +
-    S_b(n)`` tokens in expectation when it drafts n tokens, where S_b(j), the chance that the first j
-    drafts are accepted, is the product of the hazards (chance of a rejection at position i given all
-    before accepted) observed for this request and this match size, per position bin. Each hazard is
-    smoothed towards the request's hazard for that bin over all match sizes, and that towards
-    ``prior_hazard``, each with ``prior_weight`` pseudo-observations. In a batch every request pays for
-    the widest draft, so the policy picks the shared width c maximizing
+    ``forward_cost`` is what a verify forward over ``t`` tokens (all requests' windows together) costs: a
+    :class:`ForwardCost`, or what builds one (a measured ``{tokens: seconds}`` table from
+    :func:`~specdec_ops.decoding.measure_forward_cost`, or ``(fixed, per_token)``); the drafter feeds it
+    its timed verify forwards, so it follows the machine's load. A draft of n tokens is verified in a
+    window of ``ForwardCost.cheapest(B, n + 1)`` (padded where a wider forward is cheaper).
+
+    Request b emits ``E_b(n) = 1 + S_b(1) + ... + S_b(n)`` tokens in expectation when it drafts n tokens,
+    where S_b(j), the chance that the first j drafts are accepted, is the product of the hazards (chance
+    of a rejection at position i given all before accepted) per position bin. A hazard is estimated from
+    this request's drafts from matches of this size, smoothed towards the request's hazard over all match
+    sizes, that towards the hazard of this match size over every request the policy has seen (``shared``)
+    and that towards ``prior_hazard``, each with ``prior_weight`` pseudo-observations. Optimism under
+    uncertainty: past the first position the policy uses ``h - optimism * sqrt(h (1 - h) / (n +
+    prior_weight))`` (n: drafts of this request that reached the position), so a draft that is accepted
+    grows until the evidence says where it breaks; at the first position, which decides whether a draft
+    pays at all, the estimate itself, and where that finds no draft worth its cost, a short draft (what
+    the cheapest window for one draft token holds, 3 tokens on a CPU) is tried if the optimistic first
+    hazard finds it worth its cost, so exploring costs little. Evidence decays every step, a request's by ``decay`` and
+    the shared one by ``shared_decay``: where drafting was rejected the evidence fades while nothing is
+    drafted, so the policy tries again instead of locking drafting off for good, and a request that keeps
+    drafting follows its latest acceptance.
+
+    In a batch every request pays for the widest draft, so the policy picks the shared width c maximizing
     ``sum_b E_b(min(available_b, c)) / cost(B (c + 1))``; request b drafts min(available_b, c).
     """
 
-    def __init__(self, forward_cost, prior_hazard: float = 0.5, prior_weight: float = 1.0):
-        self.points = _cost_points(forward_cost)
+    def __init__(self, forward_cost, prior_hazard: float = 0.6, prior_weight: float = 2.0, optimism: float = 0.5,
+                 decay: float = 0.97, shared_decay: float = 0.99):
+        self.forward = forward_cost if isinstance(forward_cost, ForwardCost) else ForwardCost(forward_cost)
         if not 0.0 < prior_hazard < 1.0:
             raise ops.SpecDecArgumentError(f"prior_hazard must be in (0, 1), got {prior_hazard!r}")
         if not prior_weight > 0.0:
             raise ops.SpecDecArgumentError(f"prior_weight must be > 0, got {prior_weight!r}")
-        self.prior_hazard, self.prior_weight = prior_hazard, prior_weight
+        if not 0.0 <= optimism:
+            raise ops.SpecDecArgumentError(f"optimism must be >= 0, got {optimism!r}")
+        for name, value in (("decay", decay), ("shared_decay", shared_decay)):
+            if not 0.0 < value <= 1.0:
+                raise ops.SpecDecArgumentError(f"{name} must be in (0, 1], got {value!r}")
+        self.prior_hazard, self.prior_weight, self.optimism, self.decay = prior_hazard, prior_weight, optimism, decay
+        self.shared_decay = shared_decay
+        self.shared = RequestStats()       # every request's drafts: the prior of a request's own estimates
+
+    @property
+    def points(self) -> list[tuple[int, float]]:
+        """The forward cost's current (tokens, cost) points."""
+        return self.forward.points()
 
     def cost(self, tokens: int) -> float:
-        """Cost of a verify forward over ``tokens`` tokens (piecewise linear through the measured points)."""
-        pts = self.points
-        if len(pts) == 1:
-            return pts[0][1] * tokens / pts[0][0]
-        for (t0, c0), (t1, c1) in zip(pts, pts[1:]):
-            if tokens <= t1 or (t1, c1) == pts[-1]:
-                return max(c0 + (c1 - c0) * (tokens - t0) / (t1 - t0), 1e-12)
-        return pts[-1][1]
+        """Cost of a verify forward over ``tokens`` tokens (not padded)."""
+        return self.forward(tokens)
 
-    def hazards(self, stats: RequestStats, match_size: int) -> list[float]:
-        """Per position bin: the smoothed chance of a rejection there given every earlier draft accepted."""
+    def hazards(self, stats: RequestStats, match_size: int, optimistic: bool = False) -> list[float]:
+        """Per position bin: the chance of a rejection there given every earlier draft accepted: the smoothed
+        estimate less the uncertainty bonus, at the first position only when ``optimistic``."""
         bucket = min(match_size, MAX_SIZE_BUCKET)
         w = self.prior_weight
         out = []
+        shared = self.shared
         for i in range(NUM_BINS):
-            pooled = ((sum(r[i] for r in stats.rejected) + w * self.prior_hazard)
-                      / (sum(r[i] for r in stats.reached) + w))
-            out.append((stats.rejected[bucket][i] + w * pooled) / (stats.reached[bucket][i] + w))
+            across = (shared.rejected[bucket][i] + w * self.prior_hazard) / (shared.reached[bucket][i] + w)
+            pooled = ((sum(r[i] for r in stats.rejected) + w * across) / (sum(r[i] for r in stats.reached) + w))
+            reached = stats.reached[bucket][i]
+            h = (stats.rejected[bucket][i] + w * pooled) / (reached + w)
+            if optimistic or i > 0:
+                h = max(h - self.optimism * math.sqrt(h * (1.0 - h) / (reached + w)), 0.0)
+            out.append(h)
         return out
 
-    def expected_tokens(self, stats: RequestStats, match_size: int, longest: int) -> list[float]:
+    def expected_tokens(self, stats: RequestStats, match_size: int, longest: int,
+                        optimistic: bool = False) -> list[float]:
         """E(n) for n = 0 .. longest: expected tokens emitted by a draft of n tokens (the final token included)."""
-        hazard = self.hazards(stats, match_size)
+        hazard = self.hazards(stats, match_size, optimistic)
         out, survive = [1.0], 1.0
         for j in range(1, longest + 1):
             survive *= 1.0 - hazard[position_bin(j)]
@@ -158,18 +304,41 @@ class CostModel:
         return out
 
     def lengths(self, stats, match_sizes, available, k):
+        """The width worth most on the estimates; where that is no draft, a short exploratory draft (as many
+        tokens as the cheapest window for one draft token holds) when the optimistic estimates find it
+        worth its cost."""
         available = [0 if m == 0 else min(a, k) for m, a in zip(match_sizes, available)]
         widest = max(available, default=0)
         if widest == 0:
             return available
-        gains = [self.expected_tokens(s, m, a) for s, m, a in zip(stats, match_sizes, available)]
         batch = len(available)
-        best, width = -1.0, 0
-        for c in range(widest + 1):
-            value = sum(g[min(len(g) - 1, c)] for g in gains) / self.cost(batch * (c + 1))
-            if value > best:
-                best, width = value, c
+        width = self._best_width([self.expected_tokens(s, m, a) for s, m, a in zip(stats, match_sizes, available)],
+                                 batch, widest)
+        if width == 0 and self.optimism > 0:
+            short = min(widest, self.forward.cheapest(batch, 2)[0] - 1)
+            width = self._best_width([self.expected_tokens(s, m, min(a, short), optimistic=True)
+                                      for s, m, a in zip(stats, match_sizes, available)], batch, short)
         return [min(a, width) for a in available]
 
+    def _best_width(self, gains: list[list[float]], batch: int, widest: int) -> int:
+        best, width = -1.0, 0
+        for c in range(widest + 1):
+            value = sum(g[min(len(g) - 1, c)] for g in gains) / self.forward.cheapest(batch, c + 1)[1]
+            if value > best:
+                best, width = value, c
+        return width
+
+    def padded_width(self, width: int, batch: int) -> int:
+        """The window to verify ``batch`` drafts of ``width`` nodes (root included) in: the cheapest one at
+        least as wide."""
+        return self.forward.cheapest(batch, width)[0]
+
     def observe(self, stats, match_size, drafted, accepted):
-        stats.record(match_size, drafted, accepted)
+        stats.decay(self.decay)
+        self.shared.decay(self.shared_decay)
+        if drafted:
+            stats.record(match_size, drafted, accepted)
+            self.shared.record(match_size, drafted, accepted)
+
+    def observe_forward(self, tokens: int, seconds: float) -> None:
+        self.forward.observe(tokens, seconds)
