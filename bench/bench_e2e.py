@@ -22,7 +22,7 @@ identical to plain generate's.
     python bench/bench_e2e.py --replot out.json [--plot out.png]
 
 --threads defaults to 1 on CPU: on a small shared machine torch's intra-op threads mostly wait on each
-other; every method runs with the same setting. --plot needs matplotlib.
+other; every method runs with the same setting. --plot draws with matplotlib when it is installed, else with bench/charts.py.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from charts import bar_chart  # noqa: E402
 from common import base_parser, nvtx_range, synchronize  # noqa: E402
 
 import torch  # noqa: E402
@@ -61,7 +62,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
     parser.add_argument("--target", default=None, help="HF directory or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--variants", action="store_true", help="also run the configurations under study")
-    parser.add_argument("--plot", default=None, help="save a PNG of the per-category speedups (needs matplotlib)")
+    parser.add_argument("--plot", default=None, help="save a PNG of the per-category speedups")
     parser.add_argument("--replot", default=None, metavar="JSON",
                         help="only draw --plot from the results a previous --json run saved")
     args = parser.parse_args()
@@ -157,8 +158,8 @@ def main() -> None:
                                   "prompts": os.path.relpath(args.prompts, os.path.dirname(PROMPTS_PATH)),
                                   "load_average": os.getloadavg()},
                        "rows": rows, "summary": summary}, f, indent=1)
-    if args.plot:
-        plot(summary, list(methods), args.plot)
+    if args.plot or args.json:  # a picture beside the JSON
+        plot(summary, list(methods), args.plot or os.path.splitext(args.json)[0] + ".png")
 
 
 def summarize(rows: list[dict], methods: list[str]) -> dict:
@@ -224,8 +225,14 @@ def plot(summary: dict, methods: list[str], path: str) -> None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"--plot: matplotlib is not installed; the numbers are in the tables above (and --json)")
+    except ImportError:  # the same numbers as grouped bars in one picture (bench/charts.py)
+        shown = [m for m in methods if m != "plain"]
+        labels = [(split, g) for split in summary for g in summary[split]["groups"]]
+        bar_chart(path, "TOKENS/S VS PLAIN GENERATE, PER PROMPT SET: CATEGORY",
+                  [f"{split[:4]}:{g[:4]}" for split, g in labels],
+                  {m: [summary[split]["groups"][g][m]["vs_plain"] for split, g in labels] for m in shown},
+                  reference=1.0)
+        print(f"plot saved to {path}")
         return
     splits = list(summary)
     fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 4), squeeze=False)

@@ -20,12 +20,11 @@ rejection, and the bonus row) against the device's peak (4.8 TB/s on an H200).
 from __future__ import annotations
 
 import statistics
-import struct
 import time
-import zlib
 
 import torch
 
+from charts import bar_chart
 from common import (Table, gbps, nvtx_range, peak_bandwidth_gbps, profiled_region, run_device_table,
                     time_fn)
 
@@ -151,41 +150,20 @@ def _available(backend, c):
         return False
 
 
-def write_bar_png(path, labels_values, width=480, height=240):
-    """A plain bar chart (one bar per value, the value scaled to the tallest) as an 8-bit PNG,
-    written with zlib alone (no plotting package is needed). Bars go left to right in the order
-    of the table rows; the JSON beside the PNG holds the numbers and labels."""
-    values = [v for _, v in labels_values]
-    top = max(values) if values else 1.0
-    n = max(1, len(values))
-    bar_w = max(4, width // (2 * n))
-    pixels = bytearray(b"\xff" * (width * height))
-    for i, v in enumerate(values):
-        h = int((height - 20) * v / top)
-        x0 = (2 * i + 1) * width // (2 * n) - bar_w // 2
-        for y in range(height - 10 - h, height - 10):
-            row = y * width
-            pixels[row + x0: row + x0 + bar_w] = b"\x40" * bar_w
-    raw = b"".join(b"\x00" + bytes(pixels[y * width:(y + 1) * width]) for y in range(height))
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-    with open(path, "wb") as f:
-        f.write(png)
-
-
 def main():
     args, table = run_device_table(__doc__, run_gpu, run_cpu)
+    if not args.json:
+        return
+    png = args.json.rsplit(".", 1)[0] + ".png"
     if args.device == "cuda":
-        bars = [(f"{r['mode']} {r['backend']}", r["GB/s"]) for r in table.rows]
+        modes = list(dict.fromkeys(r["mode"] for r in table.rows))
+        backends = list(dict.fromkeys(r["backend"] for r in table.rows))
+        gb = {(r["mode"], r["backend"]): r["GB/s"] for r in table.rows}
+        bar_chart(png, "GB/S PER MODE", modes, {b: [gb.get((m, b), float("nan")) for m in modes] for b in backends})
     else:
-        bars = [(f"{r['mode']} {name}", r[name]) for r in table.rows
-                for name in ("fused_ms", "torch_sort_ms", "process_logits_ms")]
-    if args.json:
-        write_bar_png(args.json.rsplit(".", 1)[0] + ".png", bars)
+        names = ("fused_ms", "torch_sort_ms", "process_logits_ms")
+        bar_chart(png, "MS PER MODE (LOWER IS BETTER)", [r["mode"] for r in table.rows],
+                  {n: [r[n] for r in table.rows] for n in names})
 
 
 if __name__ == "__main__":

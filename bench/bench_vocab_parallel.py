@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import datetime
 import os
-import struct
 import sys
 import tempfile
 import time
-import zlib
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from charts import Canvas
 from common import Table, base_parser
 
 K = 4
@@ -115,40 +114,6 @@ def _rank_main(rank, world, port, cases, repeat, filters, outdir):
 
 # ---------------------------------------------------------------------------------------------- PNG (no matplotlib)
 
-_FONT = {  # 3x5 glyphs, rows top to bottom, 3 bits each
-    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
-    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
-    "8": "111101111101111", "9": "111101111001111", "W": "101101101111101", "B": "110101110101110",
-    "V": "101101101101010", "K": "101110100110101", "M": "101111111101101", "S": "111100111001111",
-    "=": "000111000111000", " ": "000000000000000", "/": "001001010100100", "X": "101101010101101",
-    "G": "111100101101111", "A": "010101111101101", "L": "100100100100111", "H": "101101111101101",
-    "R": "110101110101101", "D": "110101101101110", "T": "111010010010010", "E": "111100111100111",
-    "N": "101111111111101", "O": "111101101101111", "P": "111101111100100", "Y": "101101010010010",
-    "C": "111100100100111", "I": "111010010010111", ".": "000000000000010", "-": "000000111000000",
-    "U": "101101101101111", "+": "000010111010000", "F": "111100111100100",
-}
-
-
-def _text(img, x, y, s, color, scale=2):
-    for ch in s.upper():
-        glyph = _FONT.get(ch, _FONT[" "])
-        for i, bit in enumerate(glyph):
-            if bit == "1":
-                r, c = divmod(i, 3)
-                for dy in range(scale):
-                    for dx in range(scale):
-                        px, py = x + c * scale + dx, y + r * scale + dy
-                        if 0 <= py < len(img) and 0 <= px < len(img[0]):
-                            img[py][px] = color
-        x += 4 * scale
-
-
-def _rect(img, x0, y0, x1, y1, color):
-    for y in range(max(0, y0), min(len(img), y1)):
-        row = img[y]
-        for x in range(max(0, x0), min(len(row), x1)):
-            row[x] = color
-
 
 def write_png(rows, path):
     """Two panels (bytes sent per rank, log scale; wall time, log scale): grey = all-gather + op, blue = sharded."""
@@ -156,36 +121,28 @@ def write_png(rows, path):
 
     width, panel_h, top = 60 + 70 * len(rows), 220, 60
     height = 2 * (panel_h + top) + 40
-    img = [[(255, 255, 255)] * width for _ in range(height)]
+    canvas = Canvas(width, height)
     grey, blue, black = (150, 150, 150), (40, 90, 200), (0, 0, 0)
     panels = [("BYTES SENT PER RANK LOG10", "allgather_bytes_per_rank", "sharded_bytes_per_rank"),
               ("WALL MS LOG10", "allgather_ms", "sharded_ms")]
     for p, (title, a, b) in enumerate(panels):
         y_base = top + p * (panel_h + top) + panel_h
-        _text(img, 10, y_base - panel_h - 20, title + "  GREY ALLGATHER+OP  BLUE SHARDED", black)
+        canvas.text(10, y_base - panel_h - 20, title + "  GREY ALLGATHER+OP  BLUE SHARDED", black)
         values = [max(r[a], 1e-3) for r in rows] + [max(r[b], 1e-3) for r in rows]
         lo, hi = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
         hi = max(hi, lo + 1)
         for decade in range(lo, hi + 1):
             y = y_base - int((decade - lo) / (hi - lo) * (panel_h - 10))
-            _rect(img, 40, y, width - 10, y + 1, (220, 220, 220))
-            _text(img, 5, y - 5, str(decade), black)
+            canvas.rect(40, y, width - 10, y + 1, (220, 220, 220))
+            canvas.text(5, y - 5, str(decade), black)
         for i, r in enumerate(rows):
             x = 50 + 70 * i
             for j, (key, color) in enumerate(((a, grey), (b, blue))):
                 h = int((math.log10(max(r[key], 1e-3)) - lo) / (hi - lo) * (panel_h - 10))
-                _rect(img, x + 26 * j, y_base - h, x + 26 * j + 22, y_base, color)
-            _text(img, x, y_base + 4, f"W{r['world']} B{r['B']}", black)
-            _text(img, x, y_base + 16, f"V{r['V'] // 1000}K", black)
-    raw = b"".join(b"\x00" + bytes(v for px in row for v in px) for row in img)
-
-    def chunk(tag, data):
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + \
-        chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
-    with open(path, "wb") as f:
-        f.write(png)
+                canvas.rect(x + 26 * j, y_base - h, x + 26 * j + 22, y_base, color)
+            canvas.text(x, y_base + 4, f"W{r['world']} B{r['B']}", black)
+            canvas.text(x, y_base + 16, f"V{r['V'] // 1000}K", black)
+    canvas.save(path)
 
 
 def main():
