@@ -816,12 +816,13 @@ def test_engine_keywords_mixed_match_reference(backend, seed):
 @pytest.mark.parametrize("backend", ENGINE_BACKENDS)
 def test_engine_keyword_errors(backend):
     args = make_batch(3, 2, 10, seed=93)
-    for bad, name in ((torch.tensor([1, 2]), "bonus_token_ids"), (torch.tensor([1.0, 2.0, 3.0]), "bonus_token_ids"),
-                      (torch.tensor([1, 10, 2]), "bonus_token_ids"), (torch.tensor([[1, -1, 2]]), "bonus_token_ids")):
-        with pytest.raises(SpecDecArgumentError, match=name):
+    for bad in (torch.tensor([1, 2]), torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1, 10, 2]),
+                torch.tensor([[1, -1, 2]]), torch.tensor([[1], [-1], [2]]), torch.tensor([1, 2, 3], device="meta")):
+        with pytest.raises(SpecDecArgumentError, match="bonus_token_ids"):
             call(dict(args, bonus_token_ids=bad), backend)
     for bad in (torch.tensor([0.5]), torch.tensor([0.5, 0.5], dtype=torch.float64), torch.tensor([0.5, 1.5]),
-                torch.tensor([float("nan"), 0.5]), torch.tensor([[0.5, 0.5]])):
+                torch.tensor([float("nan"), 0.5]), torch.tensor([[0.5, 0.5]]), torch.tensor([-0.1, 0.5]),
+                torch.tensor([0.5, 0.5], device="meta")):
         with pytest.raises(SpecDecArgumentError, match="synthetic_acceptance_rates"):
             call(dict(args, synthetic_acceptance_rates=bad), backend)
     with pytest.raises(SpecDecArgumentError, match="reject_invalid_drafts"):
