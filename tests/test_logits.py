@@ -917,6 +917,31 @@ def test_torch_compile_fullgraph():
     assert torch.equal(probs, specdec_ops.process_logits(args["target_logits"], *(args[n] for n in PARAMS)))
 
 
+def test_torch_compile_fullgraph_engine_keywords():
+    """vLLM's call: packed [T, V] logits without bonus rows, [B, 1] bonus ids, placeholders, synthetic rates."""
+    args = _place_invalid(make_batch(4, 3, 32, seed=5), 32)
+    packed = drop_bonus_rows_packed(to_packed(args))
+    bonus, rates = with_bonus(args, seed=4, shape_b1=True), torch.tensor([0.9, 0.5, 0.2])
+
+    @torch.compile(fullgraph=True)
+    def step(target_logits, cu, draft_token_ids, temperature, seeds, bonus, rates):
+        out = specdec_ops.rejection_sample_logits_packed(
+            target_logits, cu, draft_token_ids, temperature=temperature, seeds=seeds, return_logprobs=True,
+            max_num_draft_tokens=3, bonus_token_ids=bonus, reject_invalid_drafts=True,
+            synthetic_acceptance_rates=rates)
+        return out.token_ids, out.num_accepted, out.logprobs
+
+    inputs = (packed["target_logits"], packed["cu_num_draft_tokens"], packed["draft_token_ids"],
+              args["temperature"], args["seeds"], bonus, rates)
+    ids, n, lp = step(*inputs)
+    eager = specdec_ops.rejection_sample_logits_packed(
+        *inputs[:3], temperature=args["temperature"], seeds=args["seeds"], return_logprobs=True,
+        max_num_draft_tokens=3, bonus_token_ids=bonus, reject_invalid_drafts=True, synthetic_acceptance_rates=rates,
+        backend="reference")
+    assert torch.equal(ids, eager.token_ids) and torch.equal(n, eager.num_accepted)
+    torch.testing.assert_close(lp, eager.logprobs, equal_nan=True)
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_triton_kernels_compile_for_sm90_without_a_gpu():
     """The interpreter does not run Triton's code generator: compile every variant of the logits
