@@ -69,24 +69,29 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def(
       "process_logits_triton(Tensor logits, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p) "
       "-> Tensor");
-  // -> (token_ids int64 [B, K+1], num_accepted int32 [B], logprobs)
+  // -> (token_ids int64 [B, K+1], num_accepted int32 [B], logprobs). Engine keywords (issue #14):
+  // bonus_token_ids int [B] or [B, 1] (the bonus rows may then be absent: target [B, K, V] / [T, V]; the
+  // logprob of an external bonus token is NaN), synthetic_acceptance_rates float32 [R >= K].
   m.def(
       "rejection_sample_logits(Tensor target_logits, Tensor draft_token_ids, Tensor num_draft_tokens, "
       "Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, Tensor seeds, "
-      "Tensor offsets, bool return_logprobs) -> (Tensor, Tensor, Tensor)");
+      "Tensor offsets, bool return_logprobs, Tensor? bonus_token_ids=None, "
+      "Tensor? synthetic_acceptance_rates=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "rejection_sample_logits_triton(Tensor target_logits, Tensor draft_token_ids, Tensor num_draft_tokens, "
       "Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, Tensor seeds, "
-      "Tensor offsets, bool return_logprobs) -> (Tensor, Tensor, Tensor)");
+      "Tensor offsets, bool return_logprobs, Tensor? bonus_token_ids=None, "
+      "Tensor? synthetic_acceptance_rates=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "rejection_sample_logits_packed(Tensor target_logits, Tensor cu_num_draft_tokens, Tensor draft_token_ids, "
       "Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, Tensor seeds, "
-      "Tensor offsets, bool return_logprobs, int max_num_draft_tokens) -> (Tensor, Tensor, Tensor)");
+      "Tensor offsets, bool return_logprobs, int max_num_draft_tokens, Tensor? bonus_token_ids=None, "
+      "Tensor? synthetic_acceptance_rates=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "rejection_sample_logits_packed_triton(Tensor target_logits, Tensor cu_num_draft_tokens, "
       "Tensor draft_token_ids, Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
-      "Tensor? min_p, Tensor seeds, Tensor offsets, bool return_logprobs, int max_num_draft_tokens) "
-      "-> (Tensor, Tensor, Tensor)");
+      "Tensor? min_p, Tensor seeds, Tensor offsets, bool return_logprobs, int max_num_draft_tokens, "
+      "Tensor? bonus_token_ids=None, Tensor? synthetic_acceptance_rates=None) -> (Tensor, Tensor, Tensor)");
   // -> (token_ids int64 [B, N], accepted_path int32 [B, N], num_accepted int32 [B], logprobs)
   m.def(
       "tree_rejection_sample_logits(Tensor target_logits, Tensor tree_token_ids, Tensor parents, Tensor? num_nodes, "

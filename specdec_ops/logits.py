@@ -28,6 +28,12 @@ outside [0, 1)) raise SpecDecArgumentError naming the argument on CPU tensors. O
 (no host sync) they are clamped: temperature <= 0 or NaN is greedy, +inf is the largest
 float; top_k < 0 is off; top_p NaN or > 1 is off, <= 0 keeps the most likely value only;
 min_p NaN or < 0 is off, >= 1 keeps the most likely value only.
+
+The chain ops take the engine keywords of issue #14 (the same as the probability ops):
+``bonus_token_ids`` (emitted after a fully accepted chain instead of sampling; the bonus rows are
+then never read and may be omitted; the logprob of such a token is NaN), ``reject_invalid_drafts``
+(a draft id outside [0, V), such as vLLM's -1 placeholder, is rejected at its position instead of
+raising on CPU) and ``synthetic_acceptance_rates`` (benchmarking: accept draft k iff u_k < rate[k]).
 """
 
 from __future__ import annotations
@@ -39,9 +45,11 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_chain_values, check_cu_values, check_device, check_draft_ids,
-                      check_dtype, check_index_tensor, check_packed_layout, check_rank, check_shape, check_tensor,
-                      check_tree_inputs, check_tree_values, fail, first_bad, packed_max_num_draft_tokens, rng_inputs)
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_bonus_token_ids, check_bonus_values, check_chain_values,
+                      check_cu_values, check_device, check_draft_ids, check_dtype, check_index_tensor,
+                      check_packed_layout, check_rank, check_reject_invalid_drafts, check_shape, check_synthetic_rates,
+                      check_synthetic_values, check_tensor, check_tree_inputs, check_tree_values, fail, first_bad,
+                      packed_max_num_draft_tokens, rng_inputs)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput
 
 __all__ = ["process_logits", "rejection_sample_logits", "rejection_sample_logits_packed",
@@ -184,6 +192,19 @@ def _logprobs_out(logprobs, return_logprobs):
     return logprobs if return_logprobs else None
 
 
+def _check_engine_values(bonus_token_ids, rates, vocab):
+    """CPU value checks of the engine keywords (the GPU clamps the bonus ids and uses the rates as given)."""
+    if bonus_token_ids is not None:
+        check_bonus_values(bonus_token_ids, vocab)
+    if rates is not None:
+        check_synthetic_values(rates)
+
+
+def _engine_args(bonus_token_ids, rates):
+    """The trailing op arguments of the engine keywords: none when both are off (the schema defaults)."""
+    return () if bonus_token_ids is None and rates is None else (bonus_token_ids, rates)
+
+
 def rejection_sample_logits(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -197,6 +218,9 @@ def rejection_sample_logits(
     seeds: torch.Tensor | None = None,
     offsets: torch.Tensor | None = None,
     return_logprobs: bool = False,
+    bonus_token_ids: torch.Tensor | None = None,
+    reject_invalid_drafts: bool = False,
+    synthetic_acceptance_rates: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> LogitsSampleOutput:
     """Verify chain drafts losslessly from the target's raw logits, with per-request sampling parameters.
@@ -208,8 +232,9 @@ def rejection_sample_logits(
 
     Parameters
     ----------
-    target_logits : float32 | float16 | bfloat16 [B, K+1, V]
-        Row k: the target's logits at draft position k; row n_b is request b's bonus row.
+    target_logits : float32 | float16 | bfloat16 [B, K+1, V] (or [B, K, V] with bonus_token_ids)
+        Row k: the target's logits at draft position k; row n_b is request b's bonus row (never
+        read when bonus_token_ids is given, so the target may omit it).
     draft_token_ids : int32 | int64 [B, K]
     num_draft_tokens : int32 | int64 [B]
         n_b in 0..K.
@@ -221,6 +246,20 @@ def rejection_sample_logits(
         The random numbers of §5.1 (as in rejection_sample).
     return_logprobs : bool
         Also return the log-probability of every emitted token.
+    bonus_token_ids : int32 | int64 [B] or [B, 1], optional
+        The engine's own bonus tokens: a request whose n_b drafts are all accepted emits
+        bonus_token_ids[b] at slot n_b instead of sampling one (greedy: instead of the argmax); its
+        logprob is NaN. The random numbers of every other slot are unchanged. An id outside [0, V)
+        raises on CPU and is clamped into [0, V-1] on the GPU.
+    reject_invalid_drafts : bool
+        True: a draft id outside [0, V) in a used slot (e.g. vLLM's -1 placeholder) is rejected at its
+        position, the correction drawn as for any rejection there (no error on CPU). False: CPU raises
+        on such ids; the GPU rejects them.
+    synthetic_acceptance_rates : float32 [R], R >= K, optional
+        Benchmarking mode (lossy): at position k of every request accept a valid draft iff u_k < rate[k]
+        (u_k the §5.1 acceptance uniform; greedy requests too), an invalid id is rejected; then the usual
+        correction or bonus token. Rates outside [0, 1] raise on CPU; on the GPU they are used as given
+        (NaN never accepts).
     backend : None | "cuda" | "triton" | "cpu" | "reference"
 
     Returns
@@ -228,7 +267,7 @@ def rejection_sample_logits(
     LogitsSampleOutput(token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None)
         token_ids and num_accepted as in rejection_sample (-1 padded). logprobs[b, i] is
         log p(token_ids[b, i]) under the processed target distribution of the row that emitted it
-        (greedy requests: log_softmax of the raw logits); NaN at padding.
+        (greedy requests: log_softmax of the raw logits); NaN at padding and at an external bonus token.
 
     Example
     -------
@@ -240,29 +279,43 @@ def rejection_sample_logits(
     """
     check_rank(target_logits, 3, "target_logits", "[B, K+1, V]")
     _check_logits(target_logits, "target_logits")
-    batch, k_plus_1, vocab = target_logits.shape
-    if k_plus_1 < 1:
-        fail(f"target_logits must have K+1 >= 1 rows per request, got shape {list(target_logits.shape)}")
+    batch, rows, vocab = target_logits.shape
     device = target_logits.device
-    max_draft = k_plus_1 - 1
+    reject_invalid_drafts = check_reject_invalid_drafts(reject_invalid_drafts)
+    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_logits")
+    max_draft = rows - 1
+    if (bonus_token_ids is not None and isinstance(draft_token_ids, torch.Tensor) and draft_token_ids.dim() == 2
+            and draft_token_ids.shape[1] == rows):
+        max_draft = rows  # [B, K, V]: no bonus rows (never read with external bonus tokens)
+    if max_draft < 0:
+        fail(f"target_logits must have K+1 >= 1 rows per request, got shape {list(target_logits.shape)}")
+    if (bonus_token_ids is None and isinstance(draft_token_ids, torch.Tensor) and draft_token_ids.dim() == 2
+            and draft_token_ids.shape[1] == rows):
+        fail(f"target_logits must have K+1 = {rows + 1} rows per request (K = {rows} draft positions); the bonus "
+             f"rows may be omitted only when bonus_token_ids is given, got shape {list(target_logits.shape)}")
     check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_logits")
     check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_logits")
     draft_probs = _check_draft_probs(draft_probs, target_logits, (batch, max_draft, vocab), "[B, K, V]")
+    rates = check_synthetic_rates(synthetic_acceptance_rates, max_draft, device, "target_logits")
     params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
     backend = _backend(backend, device, "rejection_sample_logits")
 
     if values_checked_here(device):
-        check_chain_values(draft_token_ids, num_draft_tokens, max_draft, vocab)
+        check_chain_values(draft_token_ids, num_draft_tokens, max_draft, vocab,
+                           reject_invalid_drafts=reject_invalid_drafts or rates is not None)
+        _check_engine_values(bonus_token_ids, rates, vocab)
 
     if backend == "reference":
         return LogitsSampleOutput(*reference.rejection_sample_logits(
             target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature=params[0], top_k=params[1],
-            top_p=params[2], min_p=params[3], seeds=seeds, offsets=offsets, return_logprobs=return_logprobs))
+            top_p=params[2], min_p=params[3], seeds=seeds, offsets=offsets, return_logprobs=return_logprobs,
+            bonus_token_ids=bonus_token_ids, synthetic_acceptance_rates=rates))
     op = (torch.ops.specdec.rejection_sample_logits if backend in ("cpu", "cuda")
           else torch.ops.specdec.rejection_sample_logits_triton)
     token_ids, num_accepted, logprobs = op.default(target_logits, draft_token_ids, num_draft_tokens, draft_probs,
-                                                   *params, seeds, offsets, bool(return_logprobs))
+                                                   *params, seeds, offsets, bool(return_logprobs),
+                                                   *_engine_args(bonus_token_ids, rates))
     return LogitsSampleOutput(token_ids, num_accepted, _logprobs_out(logprobs, return_logprobs))
 
 
@@ -280,14 +333,19 @@ def rejection_sample_logits_packed(
     offsets: torch.Tensor | None = None,
     return_logprobs: bool = False,
     max_num_draft_tokens: int | None = None,
+    bonus_token_ids: torch.Tensor | None = None,
+    reject_invalid_drafts: bool = False,
+    synthetic_acceptance_rates: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> LogitsSampleOutput:
     """:func:`rejection_sample_logits` over a ragged (packed) batch.
 
     Parameters
     ----------
-    target_logits : float32 | float16 | bfloat16 [T + B, V]
-        Request b owns rows ``cu[b] + b .. cu[b+1] + b``: its n_b draft rows, then its bonus row.
+    target_logits : float32 | float16 | bfloat16 [T + B, V] (or [T, V] with bonus_token_ids)
+        Request b owns rows ``cu[b] + b .. cu[b+1] + b``: its n_b draft rows, then its bonus row. With
+        bonus_token_ids the bonus rows are never read and may be omitted: [T, V], request b owning rows
+        ``cu[b] .. cu[b+1] - 1`` (vLLM's layout; decided by the row count, read in place).
     cu_num_draft_tokens : int32 | int64 [B + 1]
         Exclusive prefix sums of n_b, starting at 0 and ending at T.
     draft_token_ids : int32 | int64 [T]
@@ -296,6 +354,8 @@ def rejection_sample_logits_packed(
     seeds, offsets, return_logprobs, backend : as in :func:`rejection_sample_logits`.
     max_num_draft_tokens : int, optional
         K, the output width minus one; give it to keep shapes fixed (CUDA graphs) and avoid a host read.
+    bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates :
+        As in :func:`rejection_sample_logits` (synthetic rates: R >= max_num_draft_tokens).
 
     Returns
     -------
@@ -305,28 +365,35 @@ def rejection_sample_logits_packed(
     check_rank(target_logits, 2, "target_logits", "[T + B, V]")
     _check_logits(target_logits, "target_logits")
     device = target_logits.device
-    batch, total = check_packed_layout(target_logits, "target_logits", cu_num_draft_tokens, draft_token_ids)
+    reject_invalid_drafts = check_reject_invalid_drafts(reject_invalid_drafts)
+    batch, total = check_packed_layout(target_logits, "target_logits", cu_num_draft_tokens, draft_token_ids,
+                                       bonus_rows_optional=bonus_token_ids is not None)
+    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_logits")
     vocab = target_logits.shape[1]
     draft_probs = _check_draft_probs(draft_probs, target_logits, (total, vocab), "[T, V]")
     params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
     max_num_draft_tokens = packed_max_num_draft_tokens(cu_num_draft_tokens, batch, max_num_draft_tokens)
+    rates = check_synthetic_rates(synthetic_acceptance_rates, max_num_draft_tokens, device, "target_logits")
     backend = _backend(backend, device, "rejection_sample_logits_packed")
 
     if values_checked_here(device):
         check_cu_values(cu_num_draft_tokens, total, max_num_draft_tokens)
-        check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
+        if not (reject_invalid_drafts or rates is not None):
+            check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
+        _check_engine_values(bonus_token_ids, rates, vocab)
 
     if backend == "reference":
         return LogitsSampleOutput(*reference.rejection_sample_logits_packed(
             target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature=params[0],
             top_k=params[1], top_p=params[2], min_p=params[3], seeds=seeds, offsets=offsets,
-            return_logprobs=return_logprobs, max_num_draft_tokens=max_num_draft_tokens))
+            return_logprobs=return_logprobs, max_num_draft_tokens=max_num_draft_tokens,
+            bonus_token_ids=bonus_token_ids, synthetic_acceptance_rates=rates))
     op = (torch.ops.specdec.rejection_sample_logits_packed if backend in ("cpu", "cuda")
           else torch.ops.specdec.rejection_sample_logits_packed_triton)
     token_ids, num_accepted, logprobs = op.default(target_logits, cu_num_draft_tokens, draft_token_ids,
                                                    draft_probs, *params, seeds, offsets, bool(return_logprobs),
-                                                   max_num_draft_tokens)
+                                                   max_num_draft_tokens, *_engine_args(bonus_token_ids, rates))
     return LogitsSampleOutput(token_ids, num_accepted, _logprobs_out(logprobs, return_logprobs))
 
 
@@ -415,16 +482,18 @@ def _fake_logprobs(ref, shape, return_logprobs):
 
 
 def _fake_padded(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p, min_p,
-                 seeds, offsets, return_logprobs):
+                 seeds, offsets, return_logprobs, bonus_token_ids=None, synthetic_acceptance_rates=None):
     torch._check(target_logits.dim() == 3, lambda: "target_logits must be 3-D [B, K+1, V]")
-    batch, width = target_logits.shape[0], target_logits.shape[1]
+    torch._check(draft_token_ids.dim() == 2, lambda: "draft_token_ids must be 2-D [B, K]")
+    batch, width = target_logits.shape[0], draft_token_ids.shape[1] + 1
     return (target_logits.new_empty((batch, width), dtype=torch.int64),
             target_logits.new_empty((batch,), dtype=torch.int32),
             _fake_logprobs(target_logits, (batch, width), return_logprobs))
 
 
 def _fake_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature, top_k, top_p, min_p,
-                 seeds, offsets, return_logprobs, max_num_draft_tokens):
+                 seeds, offsets, return_logprobs, max_num_draft_tokens, bonus_token_ids=None,
+                 synthetic_acceptance_rates=None):
     torch._check(target_logits.dim() == 2, lambda: "target_logits must be 2-D [T + B, V]")
     batch, width = cu_num_draft_tokens.shape[0] - 1, max_num_draft_tokens + 1
     return (target_logits.new_empty((batch, width), dtype=torch.int64),
@@ -470,7 +539,7 @@ def _triton_process(logits, temperature, top_k, top_p, min_p):
 
 
 def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
-                  batch, max_draft, packed):
+                  batch, max_draft, packed, bonus_rows, bonus_token_ids, rates):
     from .triton_kernels.logits import rejection_sample_logits_kernel
 
     token_ids = target_logits.new_empty((batch, max_draft + 1), dtype=torch.int64)
@@ -482,27 +551,38 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     ids = draft_token_ids.contiguous().to(torch.int64)
     vocab = target.shape[-1]
     ptrs, flags = _param_ptrs(target, params)
+    bonus = ids if bonus_token_ids is None else bonus_token_ids.contiguous().to(torch.int64)
     rejection_sample_logits_kernel[(batch,)](
         target, target if draft_probs is None else draft_probs.contiguous(), ids,
         lengths.contiguous().to(torch.int64), seeds.contiguous(), offsets.contiguous(), *ptrs, token_ids,
-        num_accepted, logprobs if return_logprobs else target, vocab, max_draft, ids.numel(),
+        num_accepted, logprobs if return_logprobs else target, bonus, target if rates is None else rates.contiguous(),
+        vocab, max_draft, ids.numel(), int(bonus_rows),
         PACKED=packed, HAS_DRAFT_PROBS=draft_probs is not None, **flags, LOGPROBS=bool(return_logprobs),
+        HAS_BONUS=bonus_token_ids is not None, HAS_RATES=rates is not None,
         BLOCK_K=next_pow2(max_draft + 1), BLOCK=_block(vocab))
     return token_ids, num_accepted, logprobs
 
 
 def _triton_padded(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p, min_p,
-                   seeds, offsets, return_logprobs):
+                   seeds, offsets, return_logprobs, bonus_token_ids=None, synthetic_acceptance_rates=None):
+    # [B, K, V] (no bonus rows) only with external bonus tokens; the wrapper checked the shapes.
+    max_draft = draft_token_ids.shape[1]
     return _launch_chain(target_logits, draft_token_ids, num_draft_tokens, draft_probs,
                          (temperature, top_k, top_p, min_p), seeds, offsets, return_logprobs,
-                         target_logits.shape[0], target_logits.shape[1] - 1, packed=False)
+                         target_logits.shape[0], max_draft, packed=False,
+                         bonus_rows=target_logits.shape[1] == max_draft + 1, bonus_token_ids=bonus_token_ids,
+                         rates=synthetic_acceptance_rates)
 
 
 def _triton_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature, top_k, top_p,
-                   min_p, seeds, offsets, return_logprobs, max_num_draft_tokens):
+                   min_p, seeds, offsets, return_logprobs, max_num_draft_tokens, bonus_token_ids=None,
+                   synthetic_acceptance_rates=None):
+    batch = cu_num_draft_tokens.shape[0] - 1
     return _launch_chain(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs,
                          (temperature, top_k, top_p, min_p), seeds, offsets, return_logprobs,
-                         cu_num_draft_tokens.shape[0] - 1, max_num_draft_tokens, packed=True)
+                         batch, max_num_draft_tokens, packed=True,
+                         bonus_rows=target_logits.shape[0] == draft_token_ids.shape[0] + batch,
+                         bonus_token_ids=bonus_token_ids, rates=synthetic_acceptance_rates)
 
 
 def _triton_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature, top_k, top_p, min_p,

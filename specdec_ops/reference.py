@@ -571,39 +571,120 @@ def _emitted_logprobs(logprobs_rows, token_ids, row_of_slot):
     return out
 
 
+def _chain_logits_one(probs, q_rows, drafts, n, greedy, seed, offset, bonus, rates):
+    """§5.2 on the processed rows of one request, with the engine keywords of the chain ops (issue #14).
+
+    probs: float32 [n (+ 1), V] processed target rows (the bonus row, row n, only read when
+    `bonus` is None); q_rows: [n, V] or None (one-hot drafts). A draft id outside [0, V) is
+    rejected at its position (the correction drawn as for any rejection there). `rates`: None,
+    or the synthetic acceptance rates (accept draft k iff u_k < rates[k], u_k the §5.1 acceptance
+    uniform; greedy requests too). `bonus`: None, or the external bonus token id (clamped into
+    [0, V), the GPU's behaviour; CPU callers raise on one outside first). Returns the emitted
+    tokens and whether the last one is an external bonus token.
+    """
+    vocab = probs.shape[-1]
+    out = []
+    for k in range(n):
+        x = int(drafts[k])
+        p = prob_mass(probs[k])
+        in_vocab = 0 <= x < vocab
+        u = philox_uniform(seed, offset, k, PURPOSE_ACCEPT, 0)
+        if rates is not None:
+            accept = in_vocab and bool(u < rates[k])
+        elif greedy:
+            accept = x == int(torch.argmax(p))
+        else:
+            q_x = prob_mass(q_rows[k])[x] if q_rows is not None and in_vocab else torch.tensor(1.0)
+            accept = in_vocab and bool(u * q_x < p[x])
+        if accept:
+            out.append(x)
+            continue
+        if greedy:
+            return out + [int(torch.argmax(p))], False
+        if q_rows is not None:
+            q = prob_mass(q_rows[k])
+        else:
+            q = torch.zeros(vocab)
+            if in_vocab:
+                q[x] = 1.0
+        residual = torch.clamp(p - q, min=0.0)
+        if bool((residual > 0).any()):
+            return out + [race_sample(residual, seed, offset, k, PURPOSE_RESIDUAL)], False
+        return out + [race_sample(p, seed, offset, k, PURPOSE_RESIDUAL)], False
+    if bonus is not None:
+        return out + [min(max(int(bonus), 0), vocab - 1)], True
+    p = prob_mass(probs[n])
+    return out + [int(torch.argmax(p)) if greedy else race_sample(p, seed, offset, n, PURPOSE_BONUS)], False
+
+
+def _chain_logits(flat_logits, row_params, request_rows, flat_drafts, flat_q, draft_rows, counts, width, seeds,
+                  offsets, greedy, bonus_token_ids, synthetic_acceptance_rates, return_logprobs, device):
+    """The chain ops from logits over any row layout: flat_logits [R, V] with per-row parameters
+    row_params (4 tensors [R] or None); request b's target rows are request_rows(b) and its draft
+    rows draft_rows(b) (slices of flat_logits and of flat_drafts [T] / flat_q [T, V]); counts[b] = n_b."""
+    if flat_logits.shape[0]:
+        probs, logprobs = process_logits(flat_logits, *row_params, return_logprobs=True)
+        probs, logprobs = probs.cpu(), logprobs.cpu()
+    else:  # no rows at all: every request emits its external bonus token
+        probs = logprobs = torch.zeros(flat_logits.shape, dtype=torch.float32)
+    batch = len(counts)
+    token_ids = torch.full((batch, width), -1, dtype=torch.int64)
+    num_accepted = torch.zeros(batch, dtype=torch.int32)
+    lp = torch.full((batch, width), float("nan"))
+    rates = None if synthetic_acceptance_rates is None else synthetic_acceptance_rates.cpu().float()
+    bonus = None if bonus_token_ids is None else bonus_token_ids.cpu().reshape(-1)
+    drafts = flat_drafts.cpu()
+    q_all = None if flat_q is None else flat_q.cpu()
+    for b in range(batch):
+        rows, drows = request_rows(b), draft_rows(b)
+        toks, external = _chain_logits_one(
+            probs[rows], None if q_all is None else q_all[drows], drafts[drows], counts[b], bool(greedy[b]),
+            int(seeds[b]), int(offsets[b]), None if bonus is None else bonus[b], rates)
+        token_ids[b, : len(toks)] = torch.tensor(toks, dtype=torch.int64)
+        num_accepted[b] = len(toks) - 1
+        for i, t in enumerate(toks[: len(toks) - 1] if external else toks):
+            lp[b, i] = logprobs[rows][i, t]
+    return token_ids.to(device), num_accepted.to(device), lp.to(device) if return_logprobs else None
+
+
+def _greedy_of(temperature, batch):
+    return torch.zeros(batch, dtype=torch.bool) if temperature is None else temperature.cpu() == 0
+
+
 def rejection_sample_logits(target_logits, draft_token_ids, num_draft_tokens, draft_probs=None, *, temperature,
-                            top_k, top_p, min_p, seeds, offsets, return_logprobs=False):
-    """§5.7 as its definition: rejection_sample(process_logits(...), greedy=temperature == 0) plus logprobs."""
-    batch, k_plus_1, vocab = target_logits.shape
-    probs, logprobs = process_logits(target_logits, temperature, top_k, top_p, min_p, return_logprobs=True)
-    greedy = None if temperature is None else (temperature.cpu() == 0)
-    out = rejection_sample(probs.cpu(), draft_token_ids.cpu(), num_draft_tokens.cpu(),
-                           None if draft_probs is None else draft_probs.cpu(), seeds=seeds.cpu(),
-                           offsets=offsets.cpu(), greedy=greedy)
-    lp = None
-    if return_logprobs:
-        rows = logprobs.cpu().reshape(batch * k_plus_1, vocab)
-        lp = _emitted_logprobs(rows, out.token_ids, lambda b, i: b * k_plus_1 + i).to(target_logits.device)
-    return out.token_ids.to(target_logits.device), out.num_accepted.to(target_logits.device), lp
+                            top_k, top_p, min_p, seeds, offsets, return_logprobs=False, bonus_token_ids=None,
+                            synthetic_acceptance_rates=None):
+    """§5.7 as its definition: rejection_sample(process_logits(...), greedy=temperature == 0) plus logprobs,
+    with the engine keywords of :func:`_chain_logits_one`. target_logits [B, K+1, V], or [B, K, V] when
+    bonus_token_ids is given (no bonus rows)."""
+    batch, rows, vocab = target_logits.shape
+    max_draft = draft_token_ids.shape[1]
+    counts = [min(max(int(v), 0), max_draft) for v in num_draft_tokens.cpu()]
+    row_params = [_expand_rows(t, torch.full((batch,), rows)) for t in (temperature, top_k, top_p, min_p)]
+    flat_q = None if draft_probs is None else draft_probs.reshape(batch * max_draft, vocab)
+    return _chain_logits(target_logits.reshape(batch * rows, vocab), row_params,
+                         lambda b: slice(b * rows, (b + 1) * rows), draft_token_ids.reshape(-1), flat_q,
+                         lambda b: slice(b * max_draft, (b + 1) * max_draft), counts, max_draft + 1, seeds.cpu(),
+                         offsets.cpu(), _greedy_of(temperature, batch), bonus_token_ids, synthetic_acceptance_rates,
+                         return_logprobs, target_logits.device)
 
 
 def rejection_sample_logits_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs=None, *,
                                    temperature, top_k, top_p, min_p, seeds, offsets, return_logprobs=False,
-                                   max_num_draft_tokens: int):
-    """Packed form of :func:`rejection_sample_logits`: request b owns rows cu[b] + b .. cu[b+1] + b."""
+                                   max_num_draft_tokens: int, bonus_token_ids=None, synthetic_acceptance_rates=None):
+    """Packed form of :func:`rejection_sample_logits`: request b owns rows cu[b] + b .. cu[b+1] + b, or
+    cu[b] .. cu[b+1] - 1 when target_logits has T rows (bonus_token_ids given: no bonus rows)."""
     cu = cu_num_draft_tokens.cpu().to(torch.int64)
-    counts = cu[1:] - cu[:-1] + 1
-    params = [_expand_rows(t, counts) for t in (temperature, top_k, top_p, min_p)]
-    probs, logprobs = process_logits(target_logits, *params, return_logprobs=True)
-    greedy = None if temperature is None else (temperature.cpu() == 0)
-    out = rejection_sample_packed(probs.cpu(), cu, draft_token_ids.cpu(),
-                                  None if draft_probs is None else draft_probs.cpu(), seeds=seeds.cpu(),
-                                  offsets=offsets.cpu(), greedy=greedy, max_num_draft_tokens=max_num_draft_tokens)
-    lp = None
-    if return_logprobs:
-        lp = _emitted_logprobs(logprobs.cpu(), out.token_ids, lambda b, i: int(cu[b]) + b + i)
-        lp = lp.to(target_logits.device)
-    return out.token_ids.to(target_logits.device), out.num_accepted.to(target_logits.device), lp
+    batch = cu.shape[0] - 1
+    total = draft_token_ids.shape[0]
+    bonus_rows = int(target_logits.shape[0] == total + batch)
+    counts = [int(c) for c in cu[1:] - cu[:-1]]
+    row_params = [_expand_rows(t, cu[1:] - cu[:-1] + bonus_rows) for t in (temperature, top_k, top_p, min_p)]
+    starts = [int(cu[b]) + b * bonus_rows for b in range(batch)]
+    return _chain_logits(target_logits, row_params, lambda b: slice(starts[b], starts[b] + counts[b] + bonus_rows),
+                         draft_token_ids, draft_probs, lambda b: slice(int(cu[b]), int(cu[b + 1])), counts,
+                         max_num_draft_tokens + 1, seeds.cpu(), offsets.cpu(), _greedy_of(temperature, batch),
+                         bonus_token_ids, synthetic_acceptance_rates, return_logprobs, target_logits.device)
 
 
 def tree_rejection_sample_logits(target_logits, tree_token_ids, parents, num_nodes=None, draft_probs=None, *,

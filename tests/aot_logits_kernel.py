@@ -26,11 +26,17 @@ compile_all(process_logits_kernel, dict(logits_ptr="*bf16", probs_ptr="*fp32", r
 compile_all(rejection_sample_logits_kernel,
             dict(logits_ptr="*bf16", draft_probs_ptr="*fp32", draft_ids_ptr="*i64", lengths_ptr="*i64",
                  seeds_ptr="*i64", offsets_ptr="*i64", token_ids_ptr="*i64", num_accepted_ptr="*i32",
-                 logprobs_ptr="*fp32", vocab="i32", max_draft="i32", num_draft_rows="i32", **params),
-            [dict(flags[0], PACKED=packed, HAS_DRAFT_PROBS=has_q, LOGPROBS=lp, BLOCK_K=8, vocab=128256, BLOCK=1024)
+                 logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32", vocab="i32", max_draft="i32",
+                 num_draft_rows="i32", bonus_rows="i32", **params),
+            [dict(flags[0], PACKED=packed, HAS_DRAFT_PROBS=has_q, LOGPROBS=lp, HAS_BONUS=False, HAS_RATES=False,
+                  BLOCK_K=8, vocab=128256, BLOCK=1024)
              for packed in (False, True) for has_q in (False, True) for lp in (False, True)]
-            + [dict(flags[1], PACKED=False, HAS_DRAFT_PROBS=False, LOGPROBS=False, BLOCK_K=8, vocab=49152,
-                    BLOCK=1024)])
+            + [dict(flags[1], PACKED=False, HAS_DRAFT_PROBS=False, LOGPROBS=False, HAS_BONUS=False, HAS_RATES=False,
+                    BLOCK_K=8, vocab=49152, BLOCK=1024)]
+            # the engine keywords (issue #14): external bonus tokens, synthetic acceptance rates
+            + [dict(flags[0], PACKED=packed, HAS_DRAFT_PROBS=True, LOGPROBS=True, HAS_BONUS=bonus, HAS_RATES=rates,
+                    BLOCK_K=8, vocab=128256, BLOCK=1024)
+               for packed in (False, True) for bonus, rates in ((True, False), (False, True), (True, True))])
 compile_all(tree_rejection_sample_logits_kernel,
             dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", tokens_ptr="*i64", parents_ptr="*i64",
                  num_nodes_ptr="*i64", seeds_ptr="*i64", offsets_ptr="*i64", token_ids_ptr="*i64",

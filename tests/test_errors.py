@@ -141,10 +141,18 @@ def _sampling_kwargs(a):
     return {k: a[k] for k in ("temperature", "top_k", "top_p", "min_p", "seeds", "offsets")}
 
 
+# The engine keywords of the chain ops (issue #14), passed when a case sets them.
+LOGITS_ENGINE = ("bonus_token_ids", "reject_invalid_drafts", "synthetic_acceptance_rates")
+
+
+def _engine_kwargs(a):
+    return {k: a[k] for k in LOGITS_ENGINE if k in a}
+
+
 def call_logits_chain(a, backend):
     return specdec_ops.rejection_sample_logits(a["target_logits"], a["draft_token_ids"], a["num_draft_tokens"],
                                                a["draft_probs"], return_logprobs=True, backend=backend,
-                                               **_sampling_kwargs(a))
+                                               **_sampling_kwargs(a), **_engine_kwargs(a))
 
 
 def logits_packed_args():
@@ -160,7 +168,7 @@ def logits_packed_args():
 def call_logits_packed(a, backend):
     return specdec_ops.rejection_sample_logits_packed(
         a["target_logits"], a["cu_num_draft_tokens"], a["draft_token_ids"], a["draft_probs"], return_logprobs=True,
-        max_num_draft_tokens=a["max_num_draft_tokens"], backend=backend, **_sampling_kwargs(a))
+        max_num_draft_tokens=a["max_num_draft_tokens"], backend=backend, **_sampling_kwargs(a), **_engine_kwargs(a))
 
 
 def logits_tree_args():
@@ -217,6 +225,22 @@ SAMPLING_BAD = [
     ("value", "top_p", _poke("top_p", 1, 1.5)),
     ("value", "min_p", _poke("min_p", 1, 1.0)),
     ("value", "min_p", _poke("min_p", 0, -0.1)),
+]
+
+# Bad engine keywords (issue #14): the same cases for the two logits chain ops (B = 2, K = 2, V = 8).
+ENGINE_BAD = [
+    ("shape", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 2, 3]))),
+    ("shape", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([[1, 2]]))),
+    ("dtype", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1.0, 2.0]))),
+    ("value", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 8]))),
+    ("value", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([[-1], [2]]))),
+    ("shape", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([0.5]))),
+    ("shape", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([[0.5, 0.5]]))),
+    ("dtype", "synthetic_acceptance_rates",
+     _set(synthetic_acceptance_rates=torch.tensor([0.5, 0.5], dtype=torch.float64))),
+    ("value", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([0.5, 1.5]))),
+    ("value", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([float("nan"), 0.5]))),
+    ("dtype", "reject_invalid_drafts", _set(reject_invalid_drafts=1)),
 ]
 
 # op: (valid inputs, call, backends it has among cpu/reference/triton (None: no backend argument),
@@ -343,15 +367,21 @@ OPS = {
         ("shape", "target_logits", _set(target_logits=lambda a: a["target_logits"][0])),
         ("shape", "draft_probs", _set(draft_probs=lambda a: a["draft_probs"][..., :7])),
         ("value", "draft_token_ids", _poke("draft_token_ids", (0, 1), 8)),
+        ("value", "draft_token_ids", _poke("draft_token_ids", (1, 0), -1)),
         ("value", "num_draft_tokens", _poke("num_draft_tokens", 1, 3)),
-    ] + SAMPLING_BAD),
+        # [B, K, V] (no bonus rows) needs bonus_token_ids
+        ("shape", "target_logits", _set(target_logits=lambda a: a["target_logits"][:, :2])),
+    ] + SAMPLING_BAD + ENGINE_BAD),
     "rejection_sample_logits_packed": (logits_packed_args, call_logits_packed, ("cpu", "reference", "triton"), [
         ("dtype", "target_logits", _set(target_logits=lambda a: a["target_logits"].double())),
         ("dtype", "cu_num_draft_tokens", _set(cu_num_draft_tokens=lambda a: a["cu_num_draft_tokens"].float())),
         ("shape", "draft_token_ids", _set(draft_token_ids=torch.tensor([[1, 2, 3]]))),
         ("value", "cu_num_draft_tokens", _poke("cu_num_draft_tokens", 0, 1)),
         ("value", "draft_token_ids", _poke("draft_token_ids", 2, 8)),
-    ] + SAMPLING_BAD),
+        ("value", "draft_token_ids", _poke("draft_token_ids", 0, -1)),
+        # [T, V] (no bonus rows) needs bonus_token_ids
+        ("shape", "target_logits", _set(target_logits=lambda a: a["target_logits"][:3])),
+    ] + SAMPLING_BAD + ENGINE_BAD),
     "tree_rejection_sample_logits": (logits_tree_args, call_logits_tree, ("cpu", "reference", "triton"), [
         ("dtype", "target_logits", _set(target_logits=lambda a: a["target_logits"].double())),
         ("dtype", "parents", _set(parents=lambda a: a["parents"].float())),

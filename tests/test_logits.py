@@ -586,6 +586,270 @@ def test_op_level_parameter_checks_raise_value_error():
             torch.tensor([0.5, 2.0]), None, args["seeds"], args["offsets"], False)
 
 
+# ---------------------------------------------------------------------------------------------- engine keywords (#14)
+
+ENGINE_BACKENDS = BACKENDS
+
+
+def with_bonus(args, seed=0, shape_b1=False, dtype=torch.int64):
+    batch, vocab = args["target_logits"].shape[0], args["target_logits"].shape[-1]
+    ids = torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return ids[:, None] if shape_b1 else ids
+
+
+def drop_bonus_rows_padded(args):
+    """[B, K, V]: the bonus rows removed (a copy here, to prove they are never needed)."""
+    k = args["draft_token_ids"].shape[1]
+    return dict(args, target_logits=args["target_logits"][:, :k].contiguous())
+
+
+def drop_bonus_rows_packed(packed):
+    """[T, V]: vLLM's layout, request b owning rows cu[b] .. cu[b+1] - 1."""
+    cu = packed["cu_num_draft_tokens"]
+    keep = torch.cat([torch.arange(int(cu[b]) + b, int(cu[b + 1]) + b) for b in range(cu.shape[0] - 1)])
+    return dict(packed, target_logits=packed["target_logits"][keep].contiguous())
+
+
+@pytest.mark.parametrize("backend", ENGINE_BACKENDS)
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_bonus_token_ids_replace_only_the_bonus_token(backend, draft_probs):
+    args = make_batch(18, 3, 40, draft_probs=draft_probs, seed=71)
+    plain = call(args, backend)
+    bonus = with_bonus(args, seed=3)
+    out = call(dict(args, bonus_token_ids=bonus), backend)
+    n = args["num_draft_tokens"]
+    full = plain.num_accepted == n
+    assert full.any() and (~full).any()
+    assert torch.equal(out.num_accepted, plain.num_accepted)
+    rows = torch.arange(n.shape[0])
+    expected = plain.token_ids.clone()
+    expected[rows[full], n[full]] = bonus[full]
+    assert torch.equal(out.token_ids, expected)
+    expected_lp = plain.logprobs.clone()
+    expected_lp[rows[full], n[full]] = float("nan")
+    torch.testing.assert_close(out.logprobs, expected_lp, equal_nan=True, atol=0, rtol=0)
+    # [B, 1] int32 (vLLM's shape) is the same
+    same = call(dict(args, bonus_token_ids=bonus.to(torch.int32)[:, None]), backend)
+    assert_same(same, out)
+
+
+@pytest.mark.parametrize("backend", ENGINE_BACKENDS)
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_bonus_rows_may_be_omitted_in_both_layouts(backend, draft_probs):
+    args = make_batch(14, 3, 33, draft_probs=draft_probs, seed=73)
+    args["bonus_token_ids"] = with_bonus(args, seed=5)
+    with_rows = call(args, backend)
+    assert_same(call(drop_bonus_rows_padded(args), backend), with_rows)
+    packed = to_packed(args)
+    assert_same(call_packed(packed, backend, k=3), with_rows)
+    no_rows = drop_bonus_rows_packed(packed)
+    assert no_rows["target_logits"].shape[0] == packed["draft_token_ids"].shape[0]
+    assert_same(call_packed(no_rows, backend, k=3), with_rows)
+
+
+def test_bonus_rows_are_never_read():
+    """NaN-poisoned bonus rows change nothing (they are not read), whereas without bonus_token_ids they do."""
+    args = make_batch(12, 2, 20, seed=75, ragged=False)
+    args["bonus_token_ids"] = with_bonus(args, seed=6)
+    ref = call(args, "cpu")
+    poisoned = dict(args, target_logits=args["target_logits"].clone())
+    poisoned["target_logits"][:, 2] = float("nan")
+    for backend in ENGINE_BACKENDS:
+        assert_same(call(poisoned, backend), ref)
+
+
+def _place_invalid(args, vocab):
+    """-1 and V placeholders at the first, a middle and the last used slot of several requests."""
+    ids = args["draft_token_ids"].clone()
+    n = args["num_draft_tokens"]
+    for b in range(ids.shape[0]):
+        nb = int(n[b])
+        if nb == 0:
+            continue
+        slot = [0, nb // 2, nb - 1][b % 3]
+        ids[b, slot] = -1 if b % 2 else vocab
+    return dict(args, draft_token_ids=ids)
+
+
+@pytest.mark.parametrize("backend", ENGINE_BACKENDS)
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_reject_invalid_drafts_rejects_placeholders(backend, draft_probs):
+    vocab = 30
+    args = make_batch(18, 4, vocab, draft_probs=draft_probs, seed=77, ragged=False)
+    args["num_draft_tokens"] = torch.tensor([4, 3, 2, 4, 1, 3] * 3)
+    bad = _place_invalid(args, vocab)
+    with pytest.raises(SpecDecArgumentError, match="draft_token_ids"):
+        call(bad, backend)  # without the flag: an error on CPU
+    out = call(dict(bad, reject_invalid_drafts=True), backend)
+    ref = call(dict(bad, reject_invalid_drafts=True), "reference")
+    assert_same(out, ref)
+    first_bad = ((bad["draft_token_ids"] < 0) | (bad["draft_token_ids"] >= vocab)).int().argmax(1)
+    assert (out.num_accepted <= first_bad).all()
+    assert ((out.token_ids >= -1) & (out.token_ids < vocab)).all()
+    # the correction at the placeholder: argmax (greedy) or a race over max(p - q, 0) (p for one-hot drafts),
+    # recomputed here from the processed rows and the §5.1 numbers
+    probs = specdec_ops.process_logits(args["target_logits"], *(args[n] for n in PARAMS), backend="reference")
+    checked = 0
+    for b in range(18):
+        j = int(first_bad[b])
+        if int(out.num_accepted[b]) != j:
+            continue
+        p = reference.prob_mass(probs[b, j])
+        if float(args["temperature"][b]) == 0:
+            expected = int(torch.argmax(p))
+        else:
+            q = reference.prob_mass(args["draft_probs"][b, j]) if draft_probs else torch.zeros(vocab)
+            residual = torch.clamp(p - q, min=0.0)
+            mass = residual if bool((residual > 0).any()) else p
+            expected = reference.race_sample(mass, int(args["seeds"][b]), int(args["offsets"][b]), j,
+                                             reference.PURPOSE_RESIDUAL)
+        assert int(out.token_ids[b, j]) == expected, b
+        checked += 1
+    assert checked >= 6
+    packed = to_packed(dict(bad, reject_invalid_drafts=True))
+    assert_same(call_packed(packed, backend, k=4), out)
+    with pytest.raises(SpecDecArgumentError, match="draft_token_ids"):
+        call_packed(dict(packed, reject_invalid_drafts=False), backend, k=4)
+
+
+@pytest.mark.parametrize("backend", ENGINE_BACKENDS)
+def test_reject_invalid_drafts_changes_nothing_on_valid_ids(backend):
+    args = make_batch(10, 3, 25, seed=79)
+    assert_same(call(dict(args, reject_invalid_drafts=True), backend), call(args, backend))
+
+
+@pytest.mark.parametrize("backend", ENGINE_BACKENDS)
+def test_synthetic_rates_force_acceptance_lengths(backend):
+    vocab = 20
+    args = make_batch(12, 4, vocab, seed=81)
+    n = args["num_draft_tokens"]
+    forced = dict(args, synthetic_acceptance_rates=torch.tensor([1.0, 1.0, 0.0, 1.0]))
+    out = call(forced, backend)
+    assert torch.equal(out.num_accepted, torch.minimum(n, torch.tensor(2)).int())
+    # logprobs of the accepted drafts too (greedy requests: not the argmax's)
+    assert_same(out, call(forced, "reference"))
+    # accepted slots keep the draft ids (whatever the target thinks of them, greedy requests too)
+    for b in range(12):
+        k = int(out.num_accepted[b])
+        assert torch.equal(out.token_ids[b, :k], args["draft_token_ids"][b, :k])
+    out0 = call(dict(args, synthetic_acceptance_rates=torch.zeros(4)), backend)
+    assert (out0.num_accepted == 0).all()
+    # an invalid id is rejected even at rate 1 (no error on CPU)
+    bad = _place_invalid(args, vocab)
+    out1 = call(dict(bad, synthetic_acceptance_rates=torch.ones(5)), backend)
+    invalid = (bad["draft_token_ids"] < 0) | (bad["draft_token_ids"] >= vocab)
+    used = torch.arange(4) < n[:, None]
+    first = torch.where((invalid & used).any(1), (invalid & used).int().argmax(1), n)
+    assert torch.equal(out1.num_accepted, first.int())
+    assert_same(out1, call(dict(bad, synthetic_acceptance_rates=torch.ones(5)), "reference"))
+
+
+def test_synthetic_acceptance_lengths_follow_the_geometric_law():
+    """Chi-square at alpha = 1e-4 with 40,000 requests (K = 3, V = 16, half of them greedy): the number of
+    accepted drafts follows P(L = j) = r_0 ... r_{j-1} (1 - r_j), P(L = 3) = r_0 r_1 r_2."""
+    rates = torch.tensor([0.8, 0.5, 0.3])
+    batch, k, vocab = STAT_DRAWS, 3, 16
+    g = torch.Generator().manual_seed(83)
+    logits = torch.randn(1, k + 1, vocab, generator=g).expand(batch, k + 1, vocab).contiguous()
+    drafts = torch.randint(0, vocab, (batch, k), generator=g)
+    out = specdec_ops.rejection_sample_logits(
+        logits, drafts, torch.full((batch,), k), temperature=(torch.arange(batch) % 2).float(),
+        seeds=torch.arange(batch, dtype=torch.int64) * 104729 + 5, synthetic_acceptance_rates=rates, backend="cpu")
+    counts = torch.bincount(out.num_accepted.long(), minlength=k + 1).double().numpy()
+    r = rates.double().numpy()
+    expected = np.array([1 - r[0], r[0] * (1 - r[1]), r[0] * r[1] * (1 - r[2]), r[0] * r[1] * r[2]]) * batch
+    assert scipy.stats.chisquare(counts, expected).pvalue > ALPHA, (counts, expected)
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_synthetic_correction_is_distributed_as_the_residual(draft_probs):
+    """Chi-square at alpha = 1e-4 with 40,000 requests (V = 12, top-p 0.9): rate 0 at position 0 forces a
+    rejection there; the emitted token ~ norm(max(p - q, 0)) with p the brute-force processed target (one-hot
+    drafts: p without the draft token)."""
+    batch, vocab = STAT_DRAWS, 12
+    logits = _stat_logits(2, vocab, seed=85)
+    expected_p = brute_force(logits[None], top_p=[0.9])[0, 0]
+    g = torch.Generator().manual_seed(87)
+    if draft_probs:
+        q = torch.softmax(torch.randn(vocab, generator=g), -1)
+        drafts = torch.multinomial(q, batch, replacement=True, generator=g)[:, None]
+        residual = np.maximum(expected_p - q.double().numpy(), 0.0)
+        qs = q.expand(batch, 1, vocab).contiguous()
+    else:
+        x = int(np.argmax(expected_p))
+        drafts = torch.full((batch, 1), x)
+        residual = expected_p.copy()
+        residual[x] = 0.0
+        qs = None
+    residual /= residual.sum()
+    out = specdec_ops.rejection_sample_logits(
+        logits.expand(batch, 2, vocab).contiguous(), drafts, torch.ones(batch, dtype=torch.int64), qs, top_p=0.9,
+        seeds=torch.arange(batch, dtype=torch.int64) * 7919 + 11, synthetic_acceptance_rates=torch.zeros(1),
+        backend="cpu")
+    assert (out.num_accepted == 0).all()
+    counts = torch.bincount(out.token_ids[:, 0], minlength=vocab).double().numpy()
+    support = residual > 0
+    assert counts[~support].sum() == 0, (counts, residual)
+    assert scipy.stats.chisquare(counts[support], residual[support] * batch).pvalue > ALPHA, (counts, residual)
+
+
+@pytest.mark.parametrize("backend", [b for b in ENGINE_BACKENDS if b != "reference"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_engine_keywords_mixed_match_reference(backend, seed):
+    """Random batches mixing all three keywords, padded and packed, with and without bonus rows."""
+    vocab, k = 37, 4
+    args = make_batch(15, k, vocab, draft_probs=seed != 1, seed=90 + seed)
+    g = torch.Generator().manual_seed(seed)
+    args = _place_invalid(args, vocab)
+    args.update(bonus_token_ids=with_bonus(args, seed=seed), reject_invalid_drafts=True,
+                synthetic_acceptance_rates=torch.rand(k + seed, generator=g) if seed != 2 else None)
+    ref = call(args, "reference")
+    assert_same(call(args, backend), ref)
+    assert_same(call(drop_bonus_rows_padded(args), backend), ref)
+    packed = to_packed(args)
+    assert_same(call_packed(packed, backend, k=k), ref)
+    assert_same(call_packed(drop_bonus_rows_packed(packed), backend, k=k), ref)
+    no_bonus = dict(args, bonus_token_ids=None)
+    assert_same(call(no_bonus, backend), call(no_bonus, "reference"))
+
+
+@pytest.mark.parametrize("backend", ENGINE_BACKENDS)
+def test_engine_keyword_errors(backend):
+    args = make_batch(3, 2, 10, seed=93)
+    for bad, name in ((torch.tensor([1, 2]), "bonus_token_ids"), (torch.tensor([1.0, 2.0, 3.0]), "bonus_token_ids"),
+                      (torch.tensor([1, 10, 2]), "bonus_token_ids"), (torch.tensor([[1, -1, 2]]), "bonus_token_ids")):
+        with pytest.raises(SpecDecArgumentError, match=name):
+            call(dict(args, bonus_token_ids=bad), backend)
+    for bad in (torch.tensor([0.5]), torch.tensor([0.5, 0.5], dtype=torch.float64), torch.tensor([0.5, 1.5]),
+                torch.tensor([float("nan"), 0.5]), torch.tensor([[0.5, 0.5]])):
+        with pytest.raises(SpecDecArgumentError, match="synthetic_acceptance_rates"):
+            call(dict(args, synthetic_acceptance_rates=bad), backend)
+    with pytest.raises(SpecDecArgumentError, match="reject_invalid_drafts"):
+        call(dict(args, reject_invalid_drafts=1), backend)
+    # [B, K, V] without bonus_token_ids, [T, V] without them: the bonus rows are needed
+    with pytest.raises(SpecDecArgumentError, match="bonus rows may be omitted only when bonus_token_ids"):
+        call(drop_bonus_rows_padded(args), backend)
+    packed = to_packed(args)
+    with pytest.raises(SpecDecArgumentError, match="target_logits"):
+        call_packed(drop_bonus_rows_packed(packed), backend, k=2)
+    with pytest.raises(SpecDecArgumentError, match="bonus_token_ids"):
+        call_packed(dict(packed, bonus_token_ids=torch.tensor([0, 10, 1])), backend, k=2)
+    with pytest.raises(SpecDecArgumentError, match="synthetic_acceptance_rates"):
+        call_packed(dict(packed, synthetic_acceptance_rates=torch.tensor([0.1])), backend, k=2)
+
+
+def test_op_level_engine_keyword_checks():
+    args = make_batch(2, 2, 10, seed=95)
+    base = (args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"], None, None, None, None, None,
+            args["seeds"], args["offsets"], False)
+    with pytest.raises(ValueError, match="bonus_token_ids"):
+        torch.ops.specdec.rejection_sample_logits.default(*base, torch.tensor([0, 10]), None)
+    with pytest.raises(ValueError, match="synthetic_acceptance_rates"):
+        torch.ops.specdec.rejection_sample_logits.default(*base, None, torch.tensor([0.5, 2.0]))
+    with pytest.raises(TypeError, match="synthetic_acceptance_rates"):
+        torch.ops.specdec.rejection_sample_logits.default(*base, None, torch.tensor([0.5, 0.5], dtype=torch.float64))
+
+
 # ---------------------------------------------------------------------------------------------- torch.library
 
 
@@ -604,6 +868,17 @@ def _op_samples():
         samples.append(("rejection_sample_logits_packed", (packed["target_logits"], packed["cu_num_draft_tokens"],
                                                            packed["draft_token_ids"], None, *params, args["seeds"],
                                                            args["offsets"], lp, k)))
+    # the engine keywords (#14): external bonus tokens without bonus rows (both layouts), synthetic rates
+    args = make_batch(3, 2, 12, seed=3, ragged=False)
+    params = tuple(args[n] for n in PARAMS)
+    bonus, rates = torch.tensor([1, 5, 11]), torch.tensor([0.9, 0.4, 0.2])
+    samples.append(("rejection_sample_logits", (args["target_logits"][:, :2].contiguous(), args["draft_token_ids"],
+                                                args["num_draft_tokens"], args["draft_probs"], *params, args["seeds"],
+                                                args["offsets"], False, bonus, rates)))
+    packed = drop_bonus_rows_packed(to_packed(args))
+    samples.append(("rejection_sample_logits_packed", (packed["target_logits"], packed["cu_num_draft_tokens"],
+                                                       packed["draft_token_ids"], None, *params, args["seeds"],
+                                                       args["offsets"], False, 2, bonus[:, None], None)))
     for nodes, lp in ((4, False), (1, True)):
         case = random_tree(3, nodes, 12, seed=1)
         samples.append(("tree_rejection_sample_logits", (

@@ -261,21 +261,28 @@ def rejection_sample_logits_kernel(
     token_ids_ptr,       # int64 out [B, K+1]
     num_accepted_ptr,    # int32 out [B]
     logprobs_ptr,        # float32 out [B, K+1] (any valid pointer without LOGPROBS)
+    bonus_ptr,           # int64 [B] external bonus tokens (any valid pointer without HAS_BONUS)
+    rates_ptr,           # float32 [R >= K] synthetic acceptance rates (any valid pointer without HAS_RATES)
     vocab: tl.constexpr, max_draft, num_draft_rows,
+    bonus_rows,          # 1: the target holds a bonus row per request; 0: it does not (HAS_BONUS only)
     PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr,
     HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr, LOGPROBS: tl.constexpr,
+    HAS_BONUS: tl.constexpr, HAS_RATES: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
 ):
+    """Chain verification (csrc/logits/logits_cpu.cpp chain_request) with the engine keywords of issue #14:
+    HAS_BONUS emits bonus_ptr[b] (clamped into [0, V)) after a fully accepted chain without reading a
+    bonus row (its logprob stays NaN); HAS_RATES accepts a valid draft k iff u_k < rates[k]."""
     b = tl.program_id(0).to(tl.int64)
     if PACKED:
         lo = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), num_draft_rows)
         hi = tl.minimum(tl.maximum(tl.load(lengths_ptr + b + 1), lo), num_draft_rows)
         n = tl.minimum(hi - lo, max_draft)
-        target_base = lo + b
+        target_base = lo + b * bonus_rows
         draft_base = lo
     else:
         n = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), max_draft)
-        target_base = b * (max_draft + 1)
+        target_base = b * (max_draft + bonus_rows)
         draft_base = b * max_draft
     seed = tl.load(seeds_ptr + b)
     offset = tl.load(offsets_ptr + b)
@@ -287,6 +294,8 @@ def rejection_sample_logits_kernel(
     k = tl.full([], 0, tl.int64)
     final = tl.full([], 0, tl.int64)
     searching = 1
+    if HAS_BONUS:
+        searching = (n > 0).to(tl.int32)  # the bonus row is never entered
     while searching != 0:
         row_ptr = logits_ptr + (target_base + k) * vocab
         m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK)
@@ -298,29 +307,43 @@ def rejection_sample_logits_kernel(
             p_x = entry_prob(x_logit, m, t, tau, total)
             u = bits_to_uniform(philox_bits(seed, offset, k, PURPOSE_ACCEPT, tl.zeros([1], tl.int64)))
             u = tl.sum(u, 0)
-            if HAS_DRAFT_PROBS:
-                q_x = tl.load(draft_probs_ptr + (draft_base + k) * vocab + x, mask=is_draft & in_vocab,
-                              other=0.0).to(tl.float32)
-                q_x = tl.where(q_x > 0, q_x, 0.0)
+            if HAS_RATES:
+                accept = is_draft & in_vocab & (u < tl.load(rates_ptr + k, mask=is_draft, other=0.0))
             else:
-                q_x = 1.0
-            accept = is_draft & in_vocab & (u * q_x < p_x)
+                if HAS_DRAFT_PROBS:
+                    q_x = tl.load(draft_probs_ptr + (draft_base + k) * vocab + x, mask=is_draft & in_vocab,
+                                  other=0.0).to(tl.float32)
+                    q_x = tl.where(q_x > 0, q_x, 0.0)
+                else:
+                    q_x = 1.0
+                accept = is_draft & in_vocab & (u * q_x < p_x)
             if accept:
                 token = x
             else:
                 token = row_race(row_ptr, draft_probs_ptr + (draft_base + k) * vocab, x, is_draft, vocab, m, t, tau,
                                  total, seed, offset, k, HAS_DRAFT_PROBS, BLOCK)
         else:
-            accept = is_draft & (x == argmax)
-            token = argmax
+            if HAS_RATES:
+                u = tl.sum(bits_to_uniform(philox_bits(seed, offset, k, PURPOSE_ACCEPT, tl.zeros([1], tl.int64))), 0)
+                accept = is_draft & in_vocab & (u < tl.load(rates_ptr + k, mask=is_draft, other=0.0))
+                token = tl.where(accept, x, argmax)  # an accepted draft need not be the argmax here
+            else:
+                accept = is_draft & (x == argmax)
+                token = argmax
         if LOGPROBS:
             lp = token_logprob(row_ptr, token, vocab, m, argmax, t, tau, total, BLOCK)
             lps = tl.where(js == k, lp, lps)
         if accept:
             k += 1
+            if HAS_BONUS:
+                searching = (k < n).to(tl.int32)
         else:
             final = token
             searching = 0
+    if HAS_BONUS:
+        # k == n only after a fully accepted chain (the bonus row is never entered); logprob NaN
+        bonus = tl.minimum(tl.maximum(tl.load(bonus_ptr + b), 0), vocab - 1)
+        final = tl.where(k == n, bonus, final)
     kept = tl.load(draft_ids_ptr + draft_base + js, mask=js < k, other=-1)
     out = tl.where(js < k, kept, tl.where(js == k, final, -1))
     tl.store(token_ids_ptr + b * (max_draft + 1) + js, out, mask=js <= max_draft)

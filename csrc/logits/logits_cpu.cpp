@@ -250,7 +250,13 @@ void chain_request(const LogitsRejectionParams& p, int64_t b) {
     const int64_t row = rows.target_base + k;
     r = analyze_row<T>(p.target_logits, row, V, s, w);
     bool accepted;
-    if (r.greedy) {
+    if (p.synthetic_rates != nullptr) {
+      // Synthetic mode: the acceptance uniform against the position's rate (greedy rows too).
+      accepted = draft_in_vocab(x, V) &&
+                 synthetic_accept(philox_uniform(seed, offset, static_cast<uint32_t>(k), kPurposeAccept, 0),
+                                  p.synthetic_rates[k]);
+      if (!accepted && r.greedy) final_token = r.argmax;
+    } else if (r.greedy) {
       accepted = x == r.argmax;
       if (!accepted) final_token = r.argmax;
     } else if (!draft_in_vocab(x, V)) {
@@ -272,7 +278,11 @@ void chain_request(const LogitsRejectionParams& p, int64_t b) {
     out[k] = x;
     if (lp) lp[k] = row_logprob<T>(r, w, p.target_logits, row, V, x);
   }
-  if (k == n) {
+  if (k == n && p.bonus_token_ids != nullptr) {
+    // External bonus token: the bonus row is not read (it may be absent), its logprob is NaN.
+    final_token = external_bonus_token(p.bonus_token_ids, b, V);
+    if (lp) lp[k] = NAN;
+  } else if (k == n) {
     const int64_t row = rows.target_base + n;
     r = analyze_row<T>(p.target_logits, row, V, s, w);
     final_token = r.greedy ? r.argmax

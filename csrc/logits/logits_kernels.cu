@@ -262,13 +262,19 @@ __global__ void __launch_bounds__(kMaxThreads) rejection_sample_logits_kernel(co
 
   int64_t k = 0, final_token = 0;
   for (;; ++k) {
+    const bool is_draft = k < n;
+    if (!is_draft && p.bonus_token_ids != nullptr) break;  // the bonus row is not read (it may be absent)
     const T* row = logits + (rows.target_base + k) * V;
     const RowStats r = row_stats(row, V, s, sh);
-    const bool is_draft = k < n;
     const int64_t x = is_draft ? ids[k] : -1;
     if (threadIdx.x == 0) {
       bool ok = false;
-      if (is_draft && row_is_greedy(s)) {
+      if (is_draft && p.synthetic_rates != nullptr) {
+        // Synthetic mode: the acceptance uniform against the position's rate (greedy rows too).
+        ok = draft_in_vocab(x, V) &&
+             synthetic_accept(philox_uniform(seed, offset, static_cast<uint32_t>(k), kPurposeAccept, 0),
+                              p.synthetic_rates[k]);
+      } else if (is_draft && row_is_greedy(s)) {
         ok = x == r.argmax;
       } else if (is_draft && draft_in_vocab(x, V)) {
         const float u = philox_uniform(seed, offset, static_cast<uint32_t>(k), kPurposeAccept, 0);
@@ -298,9 +304,11 @@ __global__ void __launch_bounds__(kMaxThreads) rejection_sample_logits_kernel(co
       break;
     }
   }
+  const bool external_bonus = k == n && p.bonus_token_ids != nullptr;  // its logprob is NaN
+  if (external_bonus) final_token = external_bonus_token(p.bonus_token_ids, b, V);
   for (int64_t j = threadIdx.x; j <= p.max_draft; j += blockDim.x) {
     out[j] = j < k ? ids[j] : (j == k ? final_token : -1);
-    if (lp != nullptr && j > k) lp[j] = NAN;
+    if (lp != nullptr && (j > k || (j == k && external_bonus))) lp[j] = NAN;
   }
   if (threadIdx.x == 0) p.num_accepted[b] = static_cast<int32_t>(k);
 }

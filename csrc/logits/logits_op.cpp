@@ -107,6 +107,44 @@ at::Tensor check_draft(const std::optional<at::Tensor>& draft_probs, const at::T
   return draft_probs->contiguous();
 }
 
+// The engine keywords of the chain ops (issue #14): bonus_token_ids int [B] or [B, 1]; synthetic
+// acceptance rates float32 [R], R >= K. CPU tensors: bonus ids in [0, V) and rates in [0, 1] (the GPU
+// kernels clamp the ids and use the rates as given: NaN never accepts).
+void check_engine_keywords(const std::optional<at::Tensor>& bonus_token_ids,
+                           const std::optional<at::Tensor>& synthetic_rates, int64_t batch, int64_t max_draft,
+                           int64_t vocab, const at::Tensor& ref) {
+  if (bonus_token_ids) {
+    const at::Tensor& t = *bonus_token_ids;
+    TORCH_CHECK_VALUE((t.dim() == 1 && t.size(0) == batch) || (t.dim() == 2 && t.size(0) == batch && t.size(1) == 1),
+                      "bonus_token_ids must have shape [B] or [B, 1] with B = ", batch, ", got ", t.sizes());
+    check_index_dtype(t, "bonus_token_ids");
+    check_same_device(t, ref, "bonus_token_ids", "target_logits");
+    if (t.is_cpu()) {
+      const auto ids = t.contiguous().to(at::kLong);
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t x = ids.const_data_ptr<int64_t>()[b];
+        TORCH_CHECK_VALUE(x >= 0 && x < vocab, "bonus_token_ids[", b, "] = ", x, " is outside the vocabulary [0, ",
+                          vocab, ")");
+      }
+    }
+  }
+  if (synthetic_rates) {
+    const at::Tensor& t = *synthetic_rates;
+    check_rank(t, 1, "synthetic_acceptance_rates", "[R], R >= K");
+    TORCH_CHECK_VALUE(t.size(0) >= max_draft, "synthetic_acceptance_rates must have one rate per draft position (R >= K = ",
+                      max_draft, "), got shape ", t.sizes());
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, "synthetic_acceptance_rates must be float32, got ", t.scalar_type());
+    check_same_device(t, ref, "synthetic_acceptance_rates", "target_logits");
+    if (t.is_cpu()) {
+      const auto rates = t.contiguous();
+      for (int64_t k = 0; k < t.size(0); ++k) {
+        const float r = rates.const_data_ptr<float>()[k];
+        TORCH_CHECK_VALUE(r >= 0.f && r <= 1.f, "synthetic_acceptance_rates[", k, "] = ", r, " is outside [0, 1]");
+      }
+    }
+  }
+}
+
 at::Tensor process_logits(const at::Tensor& logits, const std::optional<at::Tensor>& temperature,
                           const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                           const std::optional<at::Tensor>& min_p) {
@@ -141,7 +179,8 @@ at::Tensor process_logits(const at::Tensor& logits, const std::optional<at::Tens
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run_chain(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids, const at::Tensor& lengths,
     const std::optional<at::Tensor>& draft_probs, const SamplingTensors& s, const at::Tensor& seeds,
-    const at::Tensor& offsets, bool return_logprobs, int64_t batch, int64_t max_draft, bool packed) {
+    const at::Tensor& offsets, bool return_logprobs, int64_t batch, int64_t max_draft, bool packed, bool bonus_rows,
+    const std::optional<at::Tensor>& bonus_token_ids, const std::optional<at::Tensor>& synthetic_rates) {
   const auto target = target_logits.contiguous();
   const auto ids = draft_token_ids.contiguous().to(at::kLong);
   const auto lens = lengths.contiguous().to(at::kLong);
@@ -149,6 +188,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_chain(
   const auto offsets_c = offsets.contiguous();
   bool draft_float32;
   const at::Tensor draft = check_draft(draft_probs, target, draft_float32);
+  const at::Tensor bonus = bonus_token_ids ? bonus_token_ids->contiguous().to(at::kLong) : at::Tensor();
+  const at::Tensor rates = synthetic_rates ? synthetic_rates->contiguous() : at::Tensor();
 
   auto token_ids = at::empty({batch, max_draft + 1}, target.options().dtype(at::kLong));
   auto num_accepted = at::empty({batch}, target.options().dtype(at::kInt));
@@ -169,6 +210,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_chain(
   p.vocab = target.size(-1);
   p.num_draft_rows = ids.numel();
   p.packed = packed;
+  p.bonus_rows = bonus_rows;
+  p.bonus_token_ids = bonus.defined() ? bonus.const_data_ptr<int64_t>() : nullptr;
+  p.synthetic_rates = rates.defined() ? rates.const_data_ptr<float>() : nullptr;
   p.dtype = prob_dtype(target);
   p.draft_float32 = draft_float32;
   p.token_ids = token_ids.mutable_data_ptr<int64_t>();
@@ -192,10 +236,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits(
     const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& temperature,
     const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
     const std::optional<at::Tensor>& min_p, const at::Tensor& seeds, const at::Tensor& offsets,
-    bool return_logprobs) {
+    bool return_logprobs, const std::optional<at::Tensor>& bonus_token_ids,
+    const std::optional<at::Tensor>& synthetic_acceptance_rates) {
   check_rank(target_logits, 3, "target_logits", "[B, K+1, V]");
   check_logits(target_logits, "target_logits");
-  const int64_t batch = target_logits.size(0), max_draft = target_logits.size(1) - 1, vocab = target_logits.size(2);
+  const int64_t batch = target_logits.size(0), vocab = target_logits.size(2);
+  int64_t max_draft = target_logits.size(1) - 1;
+  // With external bonus tokens the bonus rows may be absent: [B, K, V], K = draft_token_ids.size(1).
+  bool bonus_rows = true;
+  if (bonus_token_ids && draft_token_ids.dim() == 2 && target_logits.size(1) == draft_token_ids.size(1)) {
+    max_draft = draft_token_ids.size(1);
+    bonus_rows = false;
+  }
   TORCH_CHECK_VALUE(max_draft >= 0, "target_logits must have K+1 >= 1 rows per request, got shape ",
               target_logits.sizes());
   check_rank(draft_token_ids, 2, "draft_token_ids", "[B, K]");
@@ -213,8 +265,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits(
   }
   check_rng(seeds, offsets, batch, target_logits);
   const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, target_logits);
+  check_engine_keywords(bonus_token_ids, synthetic_acceptance_rates, batch, max_draft, vocab, target_logits);
   return run_chain(target_logits, draft_token_ids, num_draft_tokens, draft_probs, s, seeds, offsets,
-                   return_logprobs, batch, max_draft, /*packed=*/false);
+                   return_logprobs, batch, max_draft, /*packed=*/false, bonus_rows, bonus_token_ids,
+                   synthetic_acceptance_rates);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits_packed(
@@ -222,7 +276,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits_packed(
     const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& temperature,
     const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
     const std::optional<at::Tensor>& min_p, const at::Tensor& seeds, const at::Tensor& offsets,
-    bool return_logprobs, int64_t max_num_draft_tokens) {
+    bool return_logprobs, int64_t max_num_draft_tokens, const std::optional<at::Tensor>& bonus_token_ids,
+    const std::optional<at::Tensor>& synthetic_acceptance_rates) {
   check_rank(target_logits, 2, "target_logits", "[T + B, V]");
   check_logits(target_logits, "target_logits");
   check_rank(cu_num_draft_tokens, 1, "cu_num_draft_tokens", "[B + 1]");
@@ -233,8 +288,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits_packed(
   check_rank(draft_token_ids, 1, "draft_token_ids", "[T]");
   check_index_dtype(draft_token_ids, "draft_token_ids");
   const int64_t total = draft_token_ids.size(0);
-  TORCH_CHECK_VALUE(target_logits.size(0) == total + batch, "target_logits must have T + B = ", total + batch,
-              " rows (T = ", total, " draft tokens, B = ", batch, " requests), got shape ", target_logits.sizes());
+  // With external bonus tokens the bonus rows may be absent: [T, V] (vLLM's layout).
+  const bool bonus_rows = target_logits.size(0) == total + batch;
+  TORCH_CHECK_VALUE(bonus_rows || (bonus_token_ids && target_logits.size(0) == total), "target_logits must have T + B = ",
+                    total + batch, " rows", bonus_token_ids ? " (or T when bonus_token_ids is given)" : "", " (T = ",
+                    total, " draft tokens, B = ", batch, " requests), got shape ", target_logits.sizes());
   if (draft_probs) {
     check_rank(*draft_probs, 2, "draft_probs", "[T, V]");
     TORCH_CHECK_VALUE(draft_probs->size(0) == total && draft_probs->size(1) == target_logits.size(1),
@@ -244,8 +302,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rejection_sample_logits_packed(
   TORCH_CHECK_VALUE(max_num_draft_tokens >= 0, "max_num_draft_tokens must be >= 0, got ", max_num_draft_tokens);
   check_rng(seeds, offsets, batch, target_logits);
   const SamplingTensors s = check_sampling(temperature, top_k, top_p, min_p, batch, target_logits);
+  check_engine_keywords(bonus_token_ids, synthetic_acceptance_rates, batch, max_num_draft_tokens,
+                        target_logits.size(1), target_logits);
   return run_chain(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs, s, seeds, offsets,
-                   return_logprobs, batch, max_num_draft_tokens, /*packed=*/true);
+                   return_logprobs, batch, max_num_draft_tokens, /*packed=*/true, bonus_rows, bonus_token_ids,
+                   synthetic_acceptance_rates);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample_logits(

@@ -29,7 +29,8 @@ struct ProcessLogitsParams {
   float* probs;   // out [rows, V]
 };
 
-// Chain verification from logits, padded ([B, K+1, V]) or packed ([T + B, V]).
+// Chain verification from logits, padded ([B, K+1, V]) or packed ([T + B, V]); with external bonus
+// tokens the bonus rows may be absent ([B, K, V] / [T, V], bonus_rows false: they are never read).
 struct LogitsRejectionParams {
   const void* target_logits;       // rows of `vocab` logits
   const void* draft_probs;         // rows of `vocab` probabilities, or nullptr (one-hot drafts)
@@ -43,6 +44,9 @@ struct LogitsRejectionParams {
   int64_t vocab;
   int64_t num_draft_rows;          // padded: B * K; packed: T
   bool packed;
+  bool bonus_rows;                 // target_logits hold request b's bonus row after its draft rows
+  const int64_t* bonus_token_ids;  // [B] or nullptr: emitted after a fully accepted chain (clamped into [0, V))
+  const float* synthetic_rates;    // [R >= K] or nullptr: accept draft k iff u_k < rate[k] (synthetic mode)
   ProbDType dtype;                 // of target_logits
   bool draft_float32;              // draft_probs are float32 (else target_logits' dtype)
   int64_t* token_ids;              // out [B, K + 1]
@@ -89,14 +93,24 @@ SPECDEC_HD LogitsRequestRows logits_request_rows(const LogitsRejectionParams& p,
     const int64_t lo = logits_clamp(p.lengths[b], 0, p.num_draft_rows);
     const int64_t hi = logits_clamp(p.lengths[b + 1], lo, p.num_draft_rows);
     r.num_drafts = logits_clamp(hi - lo, 0, p.max_draft);
-    r.target_base = lo + b;
+    r.target_base = p.bonus_rows ? lo + b : lo;
     r.draft_base = lo;
   } else {
     r.num_drafts = logits_clamp(p.lengths[b], 0, p.max_draft);
-    r.target_base = b * (p.max_draft + 1);
+    r.target_base = b * (p.bonus_rows ? p.max_draft + 1 : p.max_draft);
     r.draft_base = b * p.max_draft;
   }
   return r;
+}
+
+// Engine keywords of the chain ops (DESIGN.md §5.7, issue #14).
+// Synthetic acceptance of a draft with an id in [0, V): u_k < rate[k] (a NaN rate never accepts).
+SPECDEC_HD bool synthetic_accept(float u, float rate) { return u < rate; }
+
+// The external bonus token of request b, clamped into [0, V) (the GPU's safe behaviour; CPU callers
+// raise on an id outside the vocabulary first).
+SPECDEC_HD int64_t external_bonus_token(const int64_t* bonus_token_ids, int64_t b, int64_t vocab) {
+  return logits_clamp(bonus_token_ids[b], 0, vocab - 1);
 }
 
 // Implemented in logits_cpu.cpp.

@@ -142,9 +142,42 @@ static void test_request_rows_clamp_bad_lengths() {
   p.max_draft = 4;
   p.num_draft_rows = 6;
   p.packed = true;
+  p.bonus_rows = true;
   CHECK(logits_request_rows(p, 0).num_drafts == 4);  // 5 drafts clamped to K
   CHECK(logits_request_rows(p, 1).num_drafts == 0);  // decreasing prefix sums: empty
   CHECK(logits_request_rows(p, 2).num_drafts == 4 && logits_request_rows(p, 2).target_base == 4);
+}
+
+// Without bonus rows (external bonus tokens): packed [T, V] rows cu[b] .., padded [B, K, V] rows b * K ..
+static void test_request_rows_without_bonus_rows() {
+  int64_t cu[] = {0, 2, 2, 5};
+  LogitsRejectionParams p{};
+  p.lengths = cu;
+  p.batch = 3;
+  p.max_draft = 3;
+  p.num_draft_rows = 5;
+  p.packed = true;
+  p.bonus_rows = false;
+  CHECK(logits_request_rows(p, 0).target_base == 0 && logits_request_rows(p, 2).target_base == 2);
+  CHECK(logits_request_rows(p, 2).draft_base == 2 && logits_request_rows(p, 2).num_drafts == 3);
+  p.bonus_rows = true;
+  CHECK(logits_request_rows(p, 2).target_base == 4);  // cu[2] + b
+  int64_t n[] = {3, 1, 0};
+  p.lengths = n;
+  p.packed = false;
+  p.num_draft_rows = 9;
+  CHECK(logits_request_rows(p, 2).target_base == 8);  // b * (K + 1)
+  p.bonus_rows = false;
+  CHECK(logits_request_rows(p, 2).target_base == 6 && logits_request_rows(p, 1).target_base == 3);  // b * K
+}
+
+static void test_engine_keyword_helpers() {
+  CHECK(synthetic_accept(0.25f, 0.5f) && !synthetic_accept(0.5f, 0.5f));
+  CHECK(!synthetic_accept(0.001f, 0.f) && synthetic_accept(0.999f, 1.f));
+  CHECK(!synthetic_accept(0.001f, NAN));  // a NaN rate never accepts
+  const int64_t bonus[] = {-1, 7, 12, 3};
+  CHECK(external_bonus_token(bonus, 0, 10) == 0 && external_bonus_token(bonus, 1, 10) == 7);
+  CHECK(external_bonus_token(bonus, 2, 10) == 9 && external_bonus_token(bonus, 3, 10) == 3);
 }
 
 int main() {
@@ -155,5 +188,7 @@ int main() {
   test_radix_mass_select_is_smallest_reaching_set();
   test_radix_pick_skips_empty_bins();
   test_request_rows_clamp_bad_lengths();
+  test_request_rows_without_bonus_rows();
+  test_engine_keyword_helpers();
   TEST_MAIN_END();
 }
