@@ -125,11 +125,10 @@ def exact_laws(p, q, k):
 
 def chi2_pvalue(observed, expected_probs):
     from scipy.stats import chisquare
-    n = observed.sum()
-    exp = expected_probs * n
-    keep = exp > 0
+    keep = expected_probs > 0
     assert observed[~keep].sum() == 0, "an outcome of probability 0 was observed"
-    return chisquare(observed[keep].double().numpy(), exp[keep].numpy()).pvalue
+    exp = expected_probs[keep] / expected_probs[keep].sum() * float(observed.sum())
+    return chisquare(observed[keep].double().numpy(), exp.numpy()).pvalue
 
 
 def two_sample_pvalue(a, b):
