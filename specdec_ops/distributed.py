@@ -48,8 +48,9 @@ import torch.distributed as dist
 
 from . import logits as _logits
 from ._backend import values_checked_here
-from ._checks import (PROB_DTYPES, SpecDecArgumentError, check_chain_values, check_cu_num_draft_tokens, check_cu_values,
-                      check_device, check_draft_ids, check_dtype, check_index_tensor, check_rank, check_shape,
+from ._checks import (PROB_DTYPES, SpecDecArgumentError, check_bonus_token_ids, check_chain_values,
+                      check_cu_num_draft_tokens, check_cu_values, check_device, check_draft_ids, check_dtype,
+                      check_index_tensor, check_rank, check_reject_invalid_drafts, check_shape, check_synthetic_rates,
                       check_tensor, check_tree_inputs, check_tree_values, fail, packed_max_num_draft_tokens, rng_inputs)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput
 
@@ -493,11 +494,15 @@ class _Rows:
 
 def _verify_chain(comm: _Comm, rows: _Rows, row_of: torch.Tensor, num_draft: torch.Tensor, drafts: torch.Tensor,
                   draft_probs: torch.Tensor | None, draft_row_of: torch.Tensor, greedy: torch.Tensor,
-                  seeds: torch.Tensor, offsets: torch.Tensor, vocab_start: int, return_logprobs: bool):
+                  seeds: torch.Tensor, offsets: torch.Tensor, vocab_start: int, return_logprobs: bool,
+                  vocab_size: int = 0, bonus: torch.Tensor | None = None, rates: torch.Tensor | None = None):
     """§5.2 on the processed rows: (token_ids [B, K+1], num_accepted [B], logprobs or None).
 
     row_of [B, K+1]: the logits row of (request, position), draft_row_of [B, K] the
-    draft_probs row; positions beyond n_b hold any valid row (they are masked).
+    draft_probs row; positions beyond n_b hold any valid row (they are masked), and so does
+    position n_b when `bonus` (external bonus tokens [B], issue #14) is given: its result is
+    replaced by bonus[b] (clamped into [0, vocab_size)) with a NaN logprob. `rates`: synthetic
+    acceptance rates [R >= K]: a draft id in [0, vocab_size) at slot k is accepted iff u_k < rates[k].
     """
     batch, k_plus_1 = row_of.shape
     max_draft = k_plus_1 - 1
@@ -531,6 +536,9 @@ def _verify_chain(comm: _Comm, rows: _Rows, row_of: torch.Tensor, num_draft: tor
     sampled_accept = decided[..., 0] > 0
     greedy_accept = drafts == rows.argmax[row_of[:, :max_draft]]
     accept = torch.where(greedy[:, None], greedy_accept, sampled_accept)
+    if rates is not None:  # synthetic mode: the same uniforms against the rates (greedy requests too)
+        in_vocab = (drafts >= 0) & (drafts < vocab_size)
+        accept = in_vocab & (u.view(batch, max_draft) < rates[None, :max_draft])
     accept = accept & (positions[None, :max_draft] < num_draft[:, None])
     num_accepted = accept.to(torch.int32).cumprod(dim=1).sum(dim=1, dtype=torch.int32) if max_draft else \
         torch.zeros(batch, dtype=torch.int32, device=device)
@@ -567,6 +575,10 @@ def _verify_chain(comm: _Comm, rows: _Rows, row_of: torch.Tensor, num_draft: tor
     _, p_winner = _unpack(keys[:, 1])
     sampled_token = torch.where(keys[:, 2] > 0, residual_winner, p_winner)
     final_token = torch.where(greedy, rows.argmax[final_row], sampled_token)
+    external = None
+    if bonus is not None:
+        external = num_accepted.to(torch.int64) == num_draft
+        final_token = torch.where(external, bonus.to(torch.int64).clamp(0, vocab_size - 1), final_token)
 
     token_ids = torch.full((batch, k_plus_1), -1, dtype=torch.int64, device=device)
     if max_draft:
@@ -580,6 +592,8 @@ def _verify_chain(comm: _Comm, rows: _Rows, row_of: torch.Tensor, num_draft: tor
         if local:
             final_lp = torch.where(f_owned, rows.logprob(final_row, torch.where(f_owned, f_local, 0)), zero)
         final_lp = comm.all_reduce(final_lp, dist.ReduceOp.SUM)
+        if external is not None:
+            final_lp = torch.where(external, float("nan"), final_lp)
         logprobs = torch.full((batch, k_plus_1), float("nan"), device=device)
         if max_draft:
             logprobs[:, :max_draft] = torch.where(positions[None, :max_draft] < num_accepted[:, None],
@@ -589,6 +603,27 @@ def _verify_chain(comm: _Comm, rows: _Rows, row_of: torch.Tensor, num_draft: tor
 
 
 # ---------------------------------------------------------------------------------------------- public API
+
+
+def _check_engine(bonus_token_ids, reject_invalid_drafts, batch, device):
+    """The engine keywords' own checks (issue #14): (bonus_token_ids as [B] or None, reject_invalid_drafts)."""
+    return (check_bonus_token_ids(bonus_token_ids, batch, device, "local_logits"),
+            check_reject_invalid_drafts(reject_invalid_drafts))
+
+
+def _check_engine_values(bonus, rates, vocab_size):
+    if bonus is not None or rates is not None:
+        _logits._check_engine_values(bonus, rates, vocab_size)
+
+
+def _bonus_only(bonus, width, vocab_size, return_logprobs, device):
+    """The result when the target has no rows at all (external bonus tokens, no drafts): every request
+    emits its bonus token (clamped into [0, vocab_size)) with a NaN logprob."""
+    batch = bonus.shape[0]
+    token_ids = torch.full((batch, width), -1, dtype=torch.int64, device=device)
+    token_ids[:, 0] = bonus.to(torch.int64).clamp(0, vocab_size - 1)
+    logprobs = torch.full((batch, width), float("nan"), device=device) if return_logprobs else None
+    return LogitsSampleOutput(token_ids, torch.zeros(batch, dtype=torch.int32, device=device), logprobs)
 
 
 def _agree(comm: _Comm, check_shards: bool, error: Exception | None, fields: list[int]) -> None:
@@ -674,6 +709,9 @@ def rejection_sample_logits(
     seeds: torch.Tensor | None = None,
     offsets: torch.Tensor | None = None,
     return_logprobs: bool = False,
+    bonus_token_ids: torch.Tensor | None = None,
+    reject_invalid_drafts: bool = False,
+    synthetic_acceptance_rates: torch.Tensor | None = None,
     check_shards: bool = True,
     comm_stats: dict | None = None,
 ) -> LogitsSampleOutput:
@@ -707,6 +745,9 @@ def rejection_sample_logits(
         seeds on the group's first rank and broadcasts them; offsets=None means 0.
     return_logprobs : bool
         Also return the log-probability of each emitted token (NaN padding).
+    bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates :
+        The engine keywords of :func:`specdec_ops.rejection_sample_logits` (the same on every rank;
+        with bonus_token_ids local_logits may omit the bonus rows: [B, K, V_local]).
     check_shards : bool
         All-gather (vocab_start, V_local, vocab_size, the shapes, which optional
         arguments are given, whether the local argument checks passed) and raise on
@@ -740,34 +781,50 @@ def rejection_sample_logits(
     try:
         check_rank(local_logits, 3, "local_logits", "[B, K+1, V_local]")
         batch, k_plus_1, local = local_logits.shape
-        if k_plus_1 < 1:
+        bonus, reject_invalid_drafts = _check_engine(bonus_token_ids, reject_invalid_drafts, batch, device)
+        max_draft = k_plus_1 - 1
+        if (bonus is not None and isinstance(draft_token_ids, torch.Tensor) and draft_token_ids.dim() == 2
+                and draft_token_ids.shape[1] == k_plus_1):
+            max_draft = k_plus_1  # [B, K, V_local]: no bonus rows
+        if max_draft < 0:
             fail(f"local_logits must have K+1 >= 1 rows per request, got shape {list(local_logits.shape)}")
         _check_common(local_logits, vocab_start, vocab_size)
-        max_draft = k_plus_1 - 1
         check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "local_logits")
         check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "local_logits")
         _check_draft_probs(draft_probs, (batch, max_draft, local), "[B, K, V_local]", device)
+        rates = check_synthetic_rates(synthetic_acceptance_rates, max_draft, device, "local_logits")
         params, seeds, offsets = _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device)
         num_draft = num_draft_tokens.to(torch.int64)
         drafts = draft_token_ids.to(torch.int64)
         if values_checked_here(device):
-            check_chain_values(drafts, num_draft, max_draft, vocab_size)
+            check_chain_values(drafts, num_draft, max_draft, vocab_size,
+                               reject_invalid_drafts=reject_invalid_drafts or rates is not None)
+            _check_engine_values(bonus, rates, vocab_size)
     except SpecDecArgumentError as e:
         error = e
-    flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs)
+    flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs,
+                           bonus_token_ids is not None, synthetic_acceptance_rates is not None,
+                           reject_invalid_drafts is True)
     _agree(comm, check_shards, error, [_int_or(vocab_start), shape[2] if error is None else -1,
                                        _int_or(vocab_size), shape[0], shape[1], -1, flags])
     seeds, offsets = _shared_rng(comm, seeds, offsets, batch, device)
     num_draft = num_draft.clamp(0, max_draft)
+    if batch * k_plus_1 == 0 and bonus is not None:
+        return _bonus_only(bonus, max_draft + 1, vocab_size, bool(return_logprobs), device)
     flat = local_logits.reshape(batch * k_plus_1, local)
     row_request = torch.arange(batch, device=device).repeat_interleave(k_plus_1)
     rows = _Rows(comm, flat, row_request, vocab_start, vocab_size, params)
     greedy = rows.greedy.view(batch, k_plus_1)[:, 0]
-    row_of = torch.arange(batch * k_plus_1, device=device).view(batch, k_plus_1)
+    if k_plus_1 == max_draft + 1:
+        row_of = torch.arange(batch * k_plus_1, device=device).view(batch, k_plus_1)
+    else:  # no bonus rows: position K reads any row of the request (its result is replaced)
+        positions = torch.arange(max_draft + 1, device=device).clamp(max=k_plus_1 - 1)
+        row_of = torch.arange(batch, device=device)[:, None] * k_plus_1 + positions[None, :]
     draft_row_of = torch.arange(batch * max_draft, device=device).view(batch, max_draft)
     flat_q = None if draft_probs is None else draft_probs.reshape(batch * max_draft, local)
     return LogitsSampleOutput(*_verify_chain(comm, rows, row_of, num_draft, drafts, flat_q, draft_row_of, greedy,
-                                             seeds, offsets, vocab_start, bool(return_logprobs)))
+                                             seeds, offsets, vocab_start, bool(return_logprobs), vocab_size, bonus,
+                                             rates))
 
 
 def _int_or(value, default: int = -1) -> int:
@@ -791,6 +848,9 @@ def rejection_sample_logits_packed(
     offsets: torch.Tensor | None = None,
     return_logprobs: bool = False,
     max_num_draft_tokens: int | None = None,
+    bonus_token_ids: torch.Tensor | None = None,
+    reject_invalid_drafts: bool = False,
+    synthetic_acceptance_rates: torch.Tensor | None = None,
     check_shards: bool = True,
     comm_stats: dict | None = None,
 ) -> LogitsSampleOutput:
@@ -814,6 +874,9 @@ def rejection_sample_logits_packed(
         As in :func:`rejection_sample_logits`.
     max_num_draft_tokens : int, optional
         K of the output (keeps shapes fixed); None reads the largest n_b on the host.
+    bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates :
+        As in :func:`rejection_sample_logits`; with bonus_token_ids local_logits may omit the bonus
+        rows ([T, V_local], request b owning rows cu[b] .. cu[b+1] - 1).
 
     Returns
     -------
@@ -828,7 +891,12 @@ def rejection_sample_logits_packed(
         check_rank(local_logits, 2, "local_logits", "[T + B, V_local]")
         total_rows, local = local_logits.shape
         batch = check_cu_num_draft_tokens(cu_num_draft_tokens, device, "local_logits")
-        total = total_rows - batch
+        bonus, reject_invalid_drafts = _check_engine(bonus_token_ids, reject_invalid_drafts, batch, device)
+        bonus_rows = 1
+        if (bonus is not None and isinstance(draft_token_ids, torch.Tensor) and draft_token_ids.dim() == 1
+                and draft_token_ids.shape[0] == total_rows):
+            bonus_rows = 0  # [T, V_local]: no bonus rows
+        total = total_rows - batch * bonus_rows
         if total < 0:
             fail(f"local_logits must have T + B rows with B = {batch}, got {total_rows}")
         _check_common(local_logits, vocab_start, vocab_size)
@@ -838,28 +906,36 @@ def rejection_sample_logits_packed(
         max_draft = packed_max_num_draft_tokens(cu, batch, max_num_draft_tokens)
         params, seeds, offsets = _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device)
         drafts_flat = draft_token_ids.to(torch.int64)
+        rates = check_synthetic_rates(synthetic_acceptance_rates, max_draft, device, "local_logits")
         if values_checked_here(device):
             check_cu_values(cu, total, max_draft)
-            check_draft_ids(drafts_flat, torch.ones_like(drafts_flat, dtype=torch.bool), vocab_size)
+            if not (reject_invalid_drafts or rates is not None):
+                check_draft_ids(drafts_flat, torch.ones_like(drafts_flat, dtype=torch.bool), vocab_size)
+            _check_engine_values(bonus, rates, vocab_size)
         shape[2] = max_draft
     except SpecDecArgumentError as e:
         error = e
-    flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs)
+    flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs,
+                           bonus_token_ids is not None, synthetic_acceptance_rates is not None,
+                           reject_invalid_drafts is True)
     _agree(comm, check_shards, error, [_int_or(vocab_start), shape[1] if error is None else -1,
                                        _int_or(vocab_size), shape[0], cu_num_draft_tokens.shape[0]
                                        if isinstance(cu_num_draft_tokens, torch.Tensor) else -1, shape[2], flags])
     seeds, offsets = _shared_rng(comm, seeds, offsets, batch, device)
-    # Padded views of the ragged layout (fixed shapes, no host sync): slot k of request b.
+    if total_rows == 0 and bonus is not None:
+        return _bonus_only(bonus, max_draft + 1, vocab_size, bool(return_logprobs), device)
+    # Padded views of the ragged layout (fixed shapes, no host sync): slot k of request b (without bonus
+    # rows, slot n_b reads any row: its result is replaced by the external bonus token).
     num_draft = (cu[1:] - cu[:-1]).clamp(0, max_draft)
     positions = torch.arange(max_draft + 1, device=device)
-    first_row = cu[:-1] + torch.arange(batch, device=device)
-    row_of = (first_row[:, None] + torch.minimum(positions[None, :], num_draft[:, None]))
+    first_row = cu[:-1] + torch.arange(batch, device=device) * bonus_rows
+    row_of = (first_row[:, None] + torch.minimum(positions[None, :], num_draft[:, None] - 1 + bonus_rows))
     row_of = row_of.clamp(0, max(total_rows - 1, 0))
     draft_slot = cu[:-1, None] + torch.minimum(positions[None, :max_draft], (num_draft[:, None] - 1).clamp(min=0))
     draft_slot = draft_slot.clamp(0, max(total - 1, 0))
     padded_drafts = torch.cat([drafts_flat, torch.full((1,), -1, dtype=torch.int64, device=device)])
     drafts = torch.where(positions[None, :max_draft] < num_draft[:, None], padded_drafts[draft_slot], -1)
-    ends = cu[1:] + torch.arange(1, batch + 1, device=device)  # exclusive end row of each request
+    ends = cu[1:] + torch.arange(1, batch + 1, device=device) * bonus_rows  # exclusive end row of each request
     row_request = torch.searchsorted(ends, torch.arange(total_rows, device=device), right=True)
     row_request = row_request.clamp(max=max(batch - 1, 0))
     if total == 0:
@@ -867,7 +943,8 @@ def rejection_sample_logits_packed(
     rows = _Rows(comm, local_logits, row_request, vocab_start, vocab_size, params)
     greedy = rows.greedy[row_of[:, 0]]
     return LogitsSampleOutput(*_verify_chain(comm, rows, row_of, num_draft, drafts, draft_probs, draft_slot, greedy,
-                                             seeds, offsets, vocab_start, bool(return_logprobs)))
+                                             seeds, offsets, vocab_start, bool(return_logprobs), vocab_size, bonus,
+                                             rates))
 
 
 # ---------------------------------------------------------------------------------------------- tree verification

@@ -291,8 +291,8 @@ def rejection_sample_logits(
         fail(f"target_logits must have K+1 >= 1 rows per request, got shape {list(target_logits.shape)}")
     if (bonus_token_ids is None and isinstance(draft_token_ids, torch.Tensor) and draft_token_ids.dim() == 2
             and draft_token_ids.shape[1] == rows):
-        fail(f"target_logits must have K+1 = {rows + 1} rows per request (K = {rows} draft positions); the bonus "
-             f"rows may be omitted only when bonus_token_ids is given, got shape {list(target_logits.shape)}")
+        fail(f"target_logits must have K+1 = {rows + 1} rows per request for draft_token_ids [B, K = {rows}] (the "
+             f"bonus rows may be omitted only when bonus_token_ids is given), got shape {list(target_logits.shape)}")
     check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_logits")
     check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_logits")
     draft_probs = _check_draft_probs(draft_probs, target_logits, (batch, max_draft, vocab), "[B, K, V]")

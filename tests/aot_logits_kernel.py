@@ -36,7 +36,7 @@ compile_all(rejection_sample_logits_kernel,
             # the engine keywords (issue #14): external bonus tokens, synthetic acceptance rates
             + [dict(flags[0], PACKED=packed, HAS_DRAFT_PROBS=True, LOGPROBS=True, HAS_BONUS=bonus, HAS_RATES=rates,
                     BLOCK_K=8, vocab=128256, BLOCK=1024)
-               for packed in (False, True) for bonus, rates in ((True, False), (False, True), (True, True))])
+               for packed in (False, True) for bonus, rates in ((True, True),)])
 compile_all(tree_rejection_sample_logits_kernel,
             dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", tokens_ptr="*i64", parents_ptr="*i64",
                  num_nodes_ptr="*i64", seeds_ptr="*i64", offsets_ptr="*i64", token_ids_ptr="*i64",

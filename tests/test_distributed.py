@@ -153,6 +153,43 @@ def equality_cases(world, bounds_list, seed0):
         cases.append(dict(make_case(seed + 4, 6, 3, bounds[-1], bounds, layout=layout, draft_probs=True,
                                     filters=("top_k", "top_p", "min_p"), specials=True), fixed_shapes=True))
         labels.append(f"world={world} {layout} all filters, fixed shapes (no CPU compaction, as on CUDA)")
+    more, more_labels = engine_cases(seed + 10, bounds)
+    return cases + more, labels + [f"world={world} {label}" for label in more_labels]
+
+
+def engine_cases(seed, bounds):
+    """The engine keywords (issue #14): external bonus tokens (bonus rows kept and omitted), placeholder
+    draft ids rejected, synthetic acceptance rates; and a target without any row (K = 0, bonus only)."""
+    cases, labels = [], []
+    vocab = bounds[-1]
+    for layout in ("padded", "packed"):
+        for omit in (False, True):
+            seed += 1
+            case = make_case(seed, 6, 3, vocab, bounds, layout=layout, draft_probs=omit, filters=("top_k", "top_p"))
+            kw = case["kwargs"]
+            g = torch.Generator().manual_seed(seed)
+            kw.update(bonus_token_ids=torch.randint(0, vocab, (6, 1), generator=g), reject_invalid_drafts=True)
+            if omit:
+                kw["synthetic_acceptance_rates"] = torch.tensor([0.9, 0.6, 0.4])
+            ids = kw["draft_token_ids"].clone()
+            if layout == "padded":
+                ids[0, 0], ids[2, 1], ids[4, 2] = -1, vocab, -1
+                if omit:
+                    case["logits"] = case["logits"][:, :3].contiguous()
+            else:
+                cu = kw["cu_num_draft_tokens"]
+                ids[0], ids[-1] = -1, vocab
+                if omit:
+                    keep = torch.cat([torch.arange(int(cu[b]) + b, int(cu[b + 1]) + b) for b in range(6)])
+                    case["logits"] = case["logits"][keep].contiguous()
+            kw["draft_token_ids"] = ids
+            cases.append(case)
+            labels.append(f"engine keywords {layout} bonus rows omitted={omit} synthetic={omit}")
+    case = make_case(seed + 1, 4, 0, vocab, bounds)
+    case["logits"] = case["logits"][:, :0].contiguous()
+    case["kwargs"]["bonus_token_ids"] = torch.tensor([0, vocab - 1, 3, 5])
+    cases.append(case)
+    labels.append("engine keywords: no rows at all (K = 0, bonus only)")
     return cases, labels
 
 

@@ -997,3 +997,36 @@ def test_cuda_tree_equals_cpu(draft_probs, dtype):
         assert same >= 0.9, backend
         both = (gpu.token_ids.cpu() == cpu.token_ids) & (cpu.token_ids >= 0)
         torch.testing.assert_close(gpu.logprobs.cpu()[both], cpu.logprobs[both], atol=1e-4, rtol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_engine_keywords_equal_cpu(dtype):
+    """The engine keywords (#14) on the GPU backends: equal to the CPU op (floating-point near-ties aside),
+    bonus rows omitted in both layouts read in place, bad values handled without a host sync."""
+    vocab, k = 1025, 4
+    clean = make_batch(24, k, vocab, dtype=dtype, seed=97)
+    args = _place_invalid(clean, vocab)
+    args.update(bonus_token_ids=with_bonus(args, seed=9), reject_invalid_drafts=True,
+                synthetic_acceptance_rates=torch.tensor([0.9, 0.7, 0.5, 0.3]))
+    cpu = call(args, "cpu")
+    for backend in ["cuda"] + (["triton"] if "rejection_sample_logits" in _TRITON_OPS else []):
+        gpu = call(_to(args, "cuda"), backend)
+        assert (gpu.token_ids.cpu() == cpu.token_ids).all(-1).float().mean() >= 0.95, backend
+        assert_same(call(_to(drop_bonus_rows_padded(args), "cuda"), backend), gpu)
+        packed = to_packed(args)
+        assert_same(call_packed(_to(drop_bonus_rows_packed(packed), "cuda"), backend, k=k), gpu)
+        assert_same(call_packed(_to(packed, "cuda"), backend, k=k), gpu)
+        # GPU: bonus ids clamped into [0, V), a NaN rate never accepts
+        bad = _to(dict(args, bonus_token_ids=torch.tensor([-5, vocab + 3] * 12),
+                       synthetic_acceptance_rates=torch.tensor([float("nan"), 1.0, 1.0, 1.0])), "cuda")
+        out = call(bad, backend)
+        assert (out.num_accepted == 0).all()
+        full = call(dict(bad, draft_token_ids=clean["draft_token_ids"].cuda(),
+                         synthetic_acceptance_rates=torch.ones(k, device="cuda")), backend)
+        n = args["num_draft_tokens"].cuda()
+        done = full.num_accepted == n
+        assert done.all()
+        last = full.token_ids.gather(1, n[:, None].long())[:, 0]
+        expected = torch.tensor([0, vocab - 1] * 12, device="cuda")
+        assert torch.equal(last[done], expected[done])
