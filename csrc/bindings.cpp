@@ -16,19 +16,27 @@ PyObject* PyInit__C(void) {
 
 TORCH_LIBRARY(specdec, m) {
   // ---- chain rejection sampling (§5.2) -> (token_ids int64 [B, K+1], num_accepted int32 [B])
+  // Engine keywords (issue #14), appended with defaults: bonus_token_ids int32/int64 [B] or [B, 1] (the target
+  // may then omit its bonus rows: [B, K, V] / [T, V]), reject_invalid_drafts, synthetic_acceptance_rates float32 [R].
   m.def(
       "rejection_sample(Tensor target_probs, Tensor draft_token_ids, Tensor num_draft_tokens, "
-      "Tensor? draft_probs, Tensor seeds, Tensor offsets, Tensor? greedy) -> (Tensor, Tensor)");
+      "Tensor? draft_probs, Tensor seeds, Tensor offsets, Tensor? greedy, "
+      "Tensor? bonus_token_ids=None, bool reject_invalid_drafts=False, Tensor? synthetic_acceptance_rates=None) "
+      "-> (Tensor, Tensor)");
   m.def(
       "rejection_sample_triton(Tensor target_probs, Tensor draft_token_ids, Tensor num_draft_tokens, "
-      "Tensor? draft_probs, Tensor seeds, Tensor offsets, Tensor? greedy) -> (Tensor, Tensor)");
+      "Tensor? draft_probs, Tensor seeds, Tensor offsets, Tensor? greedy, "
+      "Tensor? bonus_token_ids=None, bool reject_invalid_drafts=False, Tensor? synthetic_acceptance_rates=None) "
+      "-> (Tensor, Tensor)");
   m.def(
       "rejection_sample_packed(Tensor target_probs, Tensor cu_num_draft_tokens, Tensor draft_token_ids, "
-      "Tensor? draft_probs, Tensor seeds, Tensor offsets, Tensor? greedy, int max_num_draft_tokens) "
+      "Tensor? draft_probs, Tensor seeds, Tensor offsets, Tensor? greedy, int max_num_draft_tokens, "
+      "Tensor? bonus_token_ids=None, bool reject_invalid_drafts=False, Tensor? synthetic_acceptance_rates=None) "
       "-> (Tensor, Tensor)");
   m.def(
       "rejection_sample_packed_triton(Tensor target_probs, Tensor cu_num_draft_tokens, Tensor draft_token_ids, "
-      "Tensor? draft_probs, Tensor seeds, Tensor offsets, Tensor? greedy, int max_num_draft_tokens) "
+      "Tensor? draft_probs, Tensor seeds, Tensor offsets, Tensor? greedy, int max_num_draft_tokens, "
+      "Tensor? bonus_token_ids=None, bool reject_invalid_drafts=False, Tensor? synthetic_acceptance_rates=None) "
       "-> (Tensor, Tensor)");
 
   // ---- tree verification (§5.3) -> (token_ids int64 [B, N], accepted_path int32 [B, N], num_accepted int32 [B])

@@ -78,28 +78,41 @@ def race_sample(mass: torch.Tensor, seed: int, offset: int, position: int, purpo
     return int(torch.argmax(score))
 
 
-def _chain_one(p_rows, q_rows, drafts, n, greedy, seed, offset):
-    """Tokens emitted for one request: accepted drafts, then the correction or bonus token."""
+def _chain_one(p_rows, q_rows, drafts, n, greedy, seed, offset, bonus=None, rates=None):
+    """Tokens emitted for one request: accepted drafts, then the correction or bonus token.
+
+    bonus: the externally given bonus id (then p_rows[n] is never read and may be absent);
+    rates: the synthetic acceptance rates (accept a draft in the vocabulary iff u_k < rates[k])."""
     vocab = p_rows.shape[-1]
     out = []
     for k in range(n):
         x = int(drafts[k])
         p = prob_mass(p_rows[k])
-        if greedy:
+        in_vocab = 0 <= x < vocab
+        if rates is not None:
+            u = philox_uniform(seed, offset, k, PURPOSE_ACCEPT, 0)
+            if in_vocab and bool(u < rates[k]):
+                out.append(x)
+                continue
+            if greedy:
+                return out + [int(torch.argmax(p))]
+        elif greedy:
             best = int(torch.argmax(p))
             if x != best:
                 return out + [best]
             out.append(x)
             continue
-        q = prob_mass(q_rows[k]) if q_rows is not None else None
-        in_vocab = 0 <= x < vocab
-        if in_vocab:
+        elif in_vocab:
             u = philox_uniform(seed, offset, k, PURPOSE_ACCEPT, 0)
-            q_x = q[x] if q is not None else torch.tensor(1.0)
+            q_x = prob_mass(q_rows[k])[x] if q_rows is not None else torch.tensor(1.0)
             if bool(u * q_x < p[x]):
                 out.append(x)
                 continue
-        if q is None:
+        # Rejected at k: race over the residual max(p - q, 0) (q one-hot at x without draft probabilities;
+        # an x outside the vocabulary removes nothing), or over p when the residual has no mass.
+        if q_rows is not None:
+            q = prob_mass(q_rows[k])
+        else:
             q = torch.zeros(vocab)
             if in_vocab:
                 q[x] = 1.0
@@ -107,6 +120,8 @@ def _chain_one(p_rows, q_rows, drafts, n, greedy, seed, offset):
         if bool((residual > 0).any()):
             return out + [race_sample(residual, seed, offset, k, PURPOSE_RESIDUAL)]
         return out + [race_sample(p, seed, offset, k, PURPOSE_RESIDUAL)]
+    if bonus is not None:
+        return out + [bonus]
     p = prob_mass(p_rows[n])
     return out + [int(torch.argmax(p)) if greedy else race_sample(p, seed, offset, n, PURPOSE_BONUS)]
 
@@ -120,30 +135,49 @@ def _pack_output(per_request: list[list[int]], width: int, device) -> SampleOutp
     return SampleOutput(token_ids.to(device), num_accepted.to(device))
 
 
+def _keywords(bonus_token_ids, synthetic_acceptance_rates):
+    """Host copies of the engine keywords: (bonus ids as a list or None, rates float32 or None)."""
+    bonus = None if bonus_token_ids is None else [int(v) for v in bonus_token_ids.reshape(-1).cpu()]
+    rates = None if synthetic_acceptance_rates is None else synthetic_acceptance_rates.float().cpu()
+    return bonus, rates
+
+
 def rejection_sample(target_probs, draft_token_ids, num_draft_tokens, draft_probs=None, *, seeds, offsets,
-                     greedy=None) -> SampleOutput:
-    """Chain rejection sampling, padded layout (DESIGN.md §5.2)."""
-    batch, k_plus_1, _ = target_probs.shape
+                     greedy=None, bonus_token_ids=None, reject_invalid_drafts=False,
+                     synthetic_acceptance_rates=None) -> SampleOutput:
+    """Chain rejection sampling, padded layout (DESIGN.md §5.2), with the engine keywords (issue #14).
+
+    With bonus_token_ids the target may be [B, K, V] (no bonus rows). An id outside the
+    vocabulary is rejected at its position here whatever reject_invalid_drafts (which only
+    decides whether the public wrappers refuse such ids on CPU)."""
+    batch, _, _ = target_probs.shape
+    width = draft_token_ids.shape[1] + 1
+    bonus, rates = _keywords(bonus_token_ids, synthetic_acceptance_rates)
     results = []
     for b in range(batch):
         results.append(_chain_one(
             target_probs[b].cpu(), None if draft_probs is None else draft_probs[b].cpu(),
             draft_token_ids[b].cpu(), int(num_draft_tokens[b]), greedy is not None and bool(greedy[b]),
-            int(seeds[b]), int(offsets[b])))
-    return _pack_output(results, k_plus_1, target_probs.device)
+            int(seeds[b]), int(offsets[b]), None if bonus is None else bonus[b], rates))
+    return _pack_output(results, width, target_probs.device)
 
 
 def rejection_sample_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs=None, *, seeds,
-                            offsets, greedy=None, max_num_draft_tokens: int) -> SampleOutput:
-    """Chain rejection sampling, packed layout: request b owns target rows cu[b] + b .. cu[b+1] + b."""
+                            offsets, greedy=None, max_num_draft_tokens: int, bonus_token_ids=None,
+                            reject_invalid_drafts=False, synthetic_acceptance_rates=None) -> SampleOutput:
+    """Chain rejection sampling, packed layout: request b owns target rows cu[b] + b .. cu[b+1] + b, or
+    cu[b] .. cu[b+1] - 1 when the target has no bonus rows ([T, V], only with bonus_token_ids)."""
     cu = [int(c) for c in cu_num_draft_tokens]
+    bonus, rates = _keywords(bonus_token_ids, synthetic_acceptance_rates)
+    bonus_rows = target_probs.shape[0] == draft_token_ids.shape[0] + len(cu) - 1
     results = []
     for b in range(len(cu) - 1):
         lo, hi = cu[b], cu[b + 1]
+        base = lo + b if bonus_rows else lo
         results.append(_chain_one(
-            target_probs[lo + b: hi + b + 1].cpu(), None if draft_probs is None else draft_probs[lo:hi].cpu(),
+            target_probs[base: base + hi - lo + 1].cpu(), None if draft_probs is None else draft_probs[lo:hi].cpu(),
             draft_token_ids[lo:hi].cpu(), hi - lo, greedy is not None and bool(greedy[b]),
-            int(seeds[b]), int(offsets[b])))
+            int(seeds[b]), int(offsets[b]), None if bonus is None else bonus[b], rates))
     return _pack_output(results, max_num_draft_tokens + 1, target_probs.device)
 
 

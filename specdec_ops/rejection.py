@@ -11,9 +11,10 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (PROB_DTYPES, call_native, check_chain_values, check_cu_values, check_device, check_draft_ids,
-                      check_dtype, check_greedy, check_index_tensor, check_packed_layout, check_rank, check_shape, fail,
-                      packed_max_num_draft_tokens, rng_inputs)
+from ._checks import (PROB_DTYPES, call_native, check_bonus_token_ids, check_bonus_values, check_chain_values,
+                      check_cu_values, check_device, check_draft_ids, check_dtype, check_greedy, check_index_tensor,
+                      check_packed_layout, check_rank, check_reject_invalid_drafts, check_shape, check_synthetic_rates,
+                      check_synthetic_values, fail, packed_max_num_draft_tokens, rng_inputs)
 from .types import SampleOutput
 
 __all__ = ["rejection_sample", "rejection_sample_packed"]
@@ -37,6 +38,14 @@ def _check_probs(target_probs, draft_probs, draft_shape):
     return target_probs, draft_probs
 
 
+def _check_keyword_values(bonus_token_ids, synthetic_acceptance_rates, vocab):
+    """Value checks (CPU tensors) of the engine keywords."""
+    if bonus_token_ids is not None:
+        check_bonus_values(bonus_token_ids, vocab)
+    if synthetic_acceptance_rates is not None:
+        check_synthetic_values(synthetic_acceptance_rates)
+
+
 # ---------------------------------------------------------------------------------------------- padded
 
 
@@ -50,6 +59,9 @@ def rejection_sample(
     offsets: torch.Tensor | None = None,
     greedy: torch.Tensor | None = None,
     backend: str | None = None,
+    bonus_token_ids: torch.Tensor | None = None,
+    reject_invalid_drafts: bool = False,
+    synthetic_acceptance_rates: torch.Tensor | None = None,
 ) -> SampleOutput:
     """Verify chain drafts losslessly (speculative sampling with residual normalization).
 
@@ -66,6 +78,7 @@ def rejection_sample(
     ----------
     target_probs : float32 | float16 | bfloat16 [B, K+1, V]
         Row k is the target distribution p at draft position k; row n_b is the bonus row.
+        With ``bonus_token_ids`` also [B, K, V] (no bonus rows; K = draft_token_ids.shape[1]).
     draft_token_ids : int32 | int64 [B, K]
     num_draft_tokens : int32 | int64 [B]
         n_b in 0..K: request b uses draft slots 0..n_b-1 and rows 0..n_b.
@@ -83,6 +96,25 @@ def rejection_sample(
     greedy : bool [B], optional
         True: argmax verification for that request.
     backend : None | "cuda" | "triton" | "cpu" | "reference"
+    bonus_token_ids : int32 | int64 [B] or [B, 1], optional
+        The token a request emits after all its n_b drafts are accepted, in place
+        of sampling it (greedy: of the argmax), e.g. one sampled by the engine's own
+        sampler. The bonus row is then never read, so the target may omit it.
+        Every other output and every random number are unchanged. On CPU an id
+        outside [0, V) raises; on the GPU it is clamped into [0, V-1].
+    reject_invalid_drafts : bool, default False
+        True: a draft id outside [0, V) in a used slot (e.g. a -1 placeholder) is
+        rejected at its position, with the correction token drawn as for any
+        rejection there (the residual over q's full row; one-hot: p_k; greedy:
+        argmax p_k), instead of raising on CPU. The GPU always rejects such ids.
+    synthetic_acceptance_rates : float32 [R], R >= K, optional
+        Benchmarking mode, lossy by design: at position k of every request
+        (greedy too) accept a draft id in [0, V) iff the position's acceptance
+        uniform u_k < rate[k]; the probabilities play no part in the test. At
+        the first rejection the usual correction token, else the bonus token.
+        An id outside [0, V) is rejected in this mode, without an error on CPU
+        (as with ``reject_invalid_drafts``). On CPU a rate outside [0, 1] (or NaN) raises; on the GPU rates are used
+        as given (NaN never accepts).
 
     Returns
     -------
@@ -90,9 +122,9 @@ def rejection_sample(
         token_ids holds the accepted drafts, then the correction or bonus token,
         then -1. Request b emits num_accepted[b] + 1 tokens.
 
-    On CPU, ids out of [0, V) in used slots and n_b outside [0, K] raise
-    ValueError. On the GPU (no host sync) an out-of-range draft id is rejected
-    and n_b is clamped into [0, K].
+    On CPU, n_b outside [0, K] and ids out of [0, V) in used slots (unless
+    ``reject_invalid_drafts`` or synthetic rates) raise ValueError. On the GPU (no host sync) an
+    out-of-range draft id is rejected and n_b is clamped into [0, K].
 
     Example
     -------
@@ -102,28 +134,43 @@ def rejection_sample(
     torch.Size([2, 4])
     """
     check_rank(target_probs, 3, "target_probs", "[B, K+1, V]")
-    batch, k_plus_1, vocab = target_probs.shape
-    if k_plus_1 < 1:
-        fail(f"target_probs must have K+1 >= 1 rows per request, got shape {list(target_probs.shape)}")
+    batch, rows, vocab = target_probs.shape
     device = target_probs.device
-    max_draft = k_plus_1 - 1
+    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_probs")
+    if bonus_token_ids is None:
+        if rows < 1:
+            fail(f"target_probs must have K+1 >= 1 rows per request, got shape {list(target_probs.shape)}")
+        max_draft = rows - 1
+    else:  # K from the drafts: the bonus rows are never read, so the target may omit them
+        check_rank(draft_token_ids, 2, "draft_token_ids", "[B, K]")
+        max_draft = draft_token_ids.shape[1]
+        if rows not in (max_draft, max_draft + 1):
+            fail(f"target_probs must have K+1 = {max_draft + 1} or K = {max_draft} rows per request when "
+                 f"bonus_token_ids is given (K = draft_token_ids.shape[1]), got shape {list(target_probs.shape)}")
     check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_probs")
     check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_probs")
     target_probs, draft_probs = _check_probs(target_probs, draft_probs, (batch, max_draft, vocab))
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
+    reject_invalid_drafts = check_reject_invalid_drafts(reject_invalid_drafts)
+    rates = check_synthetic_rates(synthetic_acceptance_rates, max_draft, device, "target_probs")
     backend = resolve_backend(backend, device, "rejection_sample", native_op="rejection_sample",
                               triton_op="rejection_sample_triton")
 
     if values_checked_here(device, backend):
-        check_chain_values(draft_token_ids, num_draft_tokens, max_draft, vocab)
+        check_chain_values(draft_token_ids, num_draft_tokens, max_draft, vocab,
+                           reject_invalid_drafts=reject_invalid_drafts or rates is not None)
+        _check_keyword_values(bonus_token_ids, rates, vocab)
 
     if backend == "reference":
         return reference.rejection_sample(target_probs, draft_token_ids, num_draft_tokens, draft_probs,
-                                          seeds=seeds, offsets=offsets, greedy=greedy)
+                                          seeds=seeds, offsets=offsets, greedy=greedy,
+                                          bonus_token_ids=bonus_token_ids,
+                                          reject_invalid_drafts=reject_invalid_drafts,
+                                          synthetic_acceptance_rates=rates)
     op = torch.ops.specdec.rejection_sample if backend in ("cpu", "cuda") else torch.ops.specdec.rejection_sample_triton
     token_ids, num_accepted = call_native(op.default, target_probs, draft_token_ids, num_draft_tokens, draft_probs,
-                                          seeds, offsets, greedy)
+                                          seeds, offsets, greedy, bonus_token_ids, reject_invalid_drafts, rates)
     return SampleOutput(token_ids, num_accepted)
 
 
@@ -141,6 +188,9 @@ def rejection_sample_packed(
     greedy: torch.Tensor | None = None,
     max_num_draft_tokens: int | None = None,
     backend: str | None = None,
+    bonus_token_ids: torch.Tensor | None = None,
+    reject_invalid_drafts: bool = False,
+    synthetic_acceptance_rates: torch.Tensor | None = None,
 ) -> SampleOutput:
     """:func:`rejection_sample` over a ragged (packed) batch, as engines lay it out.
 
@@ -148,6 +198,8 @@ def rejection_sample_packed(
     ----------
     target_probs : float32 | float16 | bfloat16 [T + B, V]
         Request b owns rows ``cu[b] + b .. cu[b+1] + b``: its n_b draft rows, then its bonus row.
+        With ``bonus_token_ids`` also [T, V] (vLLM's layout, read in place): request b owns
+        rows ``cu[b] .. cu[b+1] - 1``.
     cu_num_draft_tokens : int32 | int64 [B + 1]
         Exclusive prefix sums of n_b, starting at 0 and ending at T.
     draft_token_ids : int32 | int64 [T]
@@ -156,6 +208,8 @@ def rejection_sample_packed(
     max_num_draft_tokens : int, optional
         K, the output width minus one. Give it to keep the output shape fixed
         (CUDA graphs) and avoid reading the largest n_b on the host.
+    bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates :
+        As in :func:`rejection_sample` (synthetic_acceptance_rates: R >= K).
 
     Returns
     -------
@@ -164,27 +218,37 @@ def rejection_sample_packed(
     """
     check_rank(target_probs, 2, "target_probs", "[T + B, V]")
     device = target_probs.device
-    batch, total = check_packed_layout(target_probs, "target_probs", cu_num_draft_tokens, draft_token_ids)
+    batch, total = check_packed_layout(target_probs, "target_probs", cu_num_draft_tokens, draft_token_ids,
+                                       bonus_rows_optional=bonus_token_ids is not None)
+    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_probs")
     vocab = target_probs.shape[1]
     target_probs, draft_probs = _check_probs(target_probs, draft_probs, (total, vocab))
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
     max_num_draft_tokens = packed_max_num_draft_tokens(cu_num_draft_tokens, batch, max_num_draft_tokens)
+    reject_invalid_drafts = check_reject_invalid_drafts(reject_invalid_drafts)
+    rates = check_synthetic_rates(synthetic_acceptance_rates, max_num_draft_tokens, device, "target_probs")
     backend = resolve_backend(backend, device, "rejection_sample_packed", native_op="rejection_sample_packed",
                               triton_op="rejection_sample_packed_triton")
 
     if values_checked_here(device, backend):
         check_cu_values(cu_num_draft_tokens, total, max_num_draft_tokens)
-        check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
+        if not (reject_invalid_drafts or rates is not None):
+            check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
+        _check_keyword_values(bonus_token_ids, rates, vocab)
 
     if backend == "reference":
         return reference.rejection_sample_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs,
                                                  seeds=seeds, offsets=offsets, greedy=greedy,
-                                                 max_num_draft_tokens=max_num_draft_tokens)
+                                                 max_num_draft_tokens=max_num_draft_tokens,
+                                                 bonus_token_ids=bonus_token_ids,
+                                                 reject_invalid_drafts=reject_invalid_drafts,
+                                                 synthetic_acceptance_rates=rates)
     op = (torch.ops.specdec.rejection_sample_packed if backend in ("cpu", "cuda")
           else torch.ops.specdec.rejection_sample_packed_triton)
     token_ids, num_accepted = call_native(op.default, target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs,
-                                          seeds, offsets, greedy, max_num_draft_tokens)
+                                          seeds, offsets, greedy, max_num_draft_tokens, bonus_token_ids,
+                                          reject_invalid_drafts, rates)
     return SampleOutput(token_ids, num_accepted)
 
 
@@ -196,13 +260,16 @@ def _fake_outputs(target_probs, batch, max_draft):
             target_probs.new_empty((batch,), dtype=torch.int32))
 
 
-def _fake_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy):
+def _fake_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
+                 bonus_token_ids=None, reject_invalid_drafts=False, synthetic_acceptance_rates=None):
     torch._check(target_probs.dim() == 3, lambda: "target_probs must be 3-D [B, K+1, V]")
-    return _fake_outputs(target_probs, target_probs.shape[0], target_probs.shape[1] - 1)
+    torch._check(draft_token_ids.dim() == 2, lambda: "draft_token_ids must be 2-D [B, K]")
+    return _fake_outputs(target_probs, target_probs.shape[0], draft_token_ids.shape[1])
 
 
 def _fake_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds, offsets, greedy,
-                 max_num_draft_tokens):
+                 max_num_draft_tokens, bonus_token_ids=None, reject_invalid_drafts=False,
+                 synthetic_acceptance_rates=None):
     torch._check(target_probs.dim() == 2, lambda: "target_probs must be 2-D [T + B, V]")
     return _fake_outputs(target_probs, cu_num_draft_tokens.shape[0] - 1, max_num_draft_tokens)
 
@@ -210,8 +277,8 @@ def _fake_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs
 # ---------------------------------------------------------------------------------------------- triton
 
 
-def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, offsets, greedy, batch, max_draft,
-                   packed):
+def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, offsets, greedy, bonus_token_ids,
+                   rates, batch, max_draft, packed, bonus_rows):
     from .triton_kernels.rejection import rejection_sample_kernel
 
     token_ids, num_accepted = _fake_outputs(target_probs, batch, max_draft)
@@ -221,26 +288,41 @@ def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, o
     ids = draft_token_ids.contiguous().to(torch.int64)
     vocab = target.shape[-1]
     block = max(4, min(next_pow2(vocab), 8192 if triton_interpreting() else 1024))  # philox_tile: multiple of 4
+    if bonus_token_ids is not None:
+        bonus_token_ids = bonus_token_ids.reshape(batch).contiguous()
     rejection_sample_kernel[(batch,)](
         target, target if draft_probs is None else draft_probs.contiguous(), ids,
         lengths.contiguous().to(torch.int64), seeds.contiguous(), offsets.contiguous(),
         seeds if greedy is None else greedy.contiguous(), token_ids, num_accepted,
+        seeds if bonus_token_ids is None else bonus_token_ids,
+        target if rates is None else rates.contiguous(),
         vocab, max_draft, ids.numel(),
         PACKED=packed, HAS_DRAFT_PROBS=draft_probs is not None, HAS_GREEDY=greedy is not None,
+        HAS_BONUS_IDS=bonus_token_ids is not None, BONUS_ROWS=bonus_rows, SYNTHETIC=rates is not None,
         BLOCK_K=next_pow2(max_draft + 1), BLOCK=block,
     )
     return token_ids, num_accepted
 
 
-def _triton_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy):
+def _triton_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
+                   bonus_token_ids=None, reject_invalid_drafts=False, synthetic_acceptance_rates=None):
+    # The kernel rejects an id outside the vocabulary wherever it is (reject_invalid_drafts only
+    # governs the wrapper's value check on CPU tensors).
+    max_draft = draft_token_ids.shape[1]
     return _launch_triton(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
-                          target_probs.shape[0], target_probs.shape[1] - 1, packed=False)
+                          bonus_token_ids, synthetic_acceptance_rates, target_probs.shape[0], max_draft,
+                          packed=False,
+                          bonus_rows=bonus_token_ids is None or target_probs.shape[1] == max_draft + 1)
 
 
 def _triton_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds, offsets, greedy,
-                   max_num_draft_tokens):
+                   max_num_draft_tokens, bonus_token_ids=None, reject_invalid_drafts=False,
+                   synthetic_acceptance_rates=None):
+    batch = cu_num_draft_tokens.shape[0] - 1
+    bonus_rows = bonus_token_ids is None or target_probs.shape[0] == draft_token_ids.shape[0] + batch
     return _launch_triton(target_probs, draft_token_ids, cu_num_draft_tokens, draft_probs, seeds, offsets, greedy,
-                          cu_num_draft_tokens.shape[0] - 1, max_num_draft_tokens, packed=True)
+                          bonus_token_ids, synthetic_acceptance_rates, batch, max_num_draft_tokens, packed=True,
+                          bonus_rows=bonus_rows)
 
 
 if _ops.native_loaded():

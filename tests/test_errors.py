@@ -26,10 +26,15 @@ def chain_args():
                 offsets=torch.tensor([0, 5]), greedy=torch.tensor([False, True]))
 
 
+def chain_keywords(a):
+    """The engine keywords of the chain ops a case sets (issue #14)."""
+    return {k: a[k] for k in ("bonus_token_ids", "reject_invalid_drafts", "synthetic_acceptance_rates") if k in a}
+
+
 def call_chain(a, backend):
     return specdec_ops.rejection_sample(a["target_probs"], a["draft_token_ids"], a["num_draft_tokens"],
                                         a["draft_probs"], seeds=a["seeds"], offsets=a["offsets"],
-                                        greedy=a["greedy"], backend=backend)
+                                        greedy=a["greedy"], backend=backend, **chain_keywords(a))
 
 
 def packed_args():
@@ -44,7 +49,7 @@ def call_packed(a, backend):
     return specdec_ops.rejection_sample_packed(a["target_probs"], a["cu_num_draft_tokens"], a["draft_token_ids"],
                                                a["draft_probs"], seeds=a["seeds"], offsets=a["offsets"],
                                                greedy=a["greedy"], max_num_draft_tokens=a["max_num_draft_tokens"],
-                                               backend=backend)
+                                               backend=backend, **chain_keywords(a))
 
 
 def tree_args():
@@ -263,6 +268,17 @@ OPS = {
         ("value", "draft_token_ids", _poke("draft_token_ids", (1, 0), -1)),
         ("value", "num_draft_tokens", _poke("num_draft_tokens", 1, 3)),
         ("value", "num_draft_tokens", _poke("num_draft_tokens", 0, -1)),
+        ("dtype", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1.0, 2.0]))),
+        ("shape", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 2, 3]))),
+        ("value", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 8]))),
+        ("value", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([[-1], [2]]))),
+        ("dtype", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.ones(2, dtype=torch.float64))),
+        ("shape", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.ones(1))),
+        ("value", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([0.5, 1.5]))),
+        ("value", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([float("nan"), 0.5]))),
+        ("dtype", "reject_invalid_drafts", _set(reject_invalid_drafts=torch.tensor(True))),
+        ("shape", "target_probs", _set(bonus_token_ids=torch.tensor([1, 2]),
+                                       target_probs=lambda a: a["target_probs"][:, :1])),  # neither K+1 nor K rows
     ]),
     "rejection_sample_packed": (packed_args, call_packed, ("cpu", "reference", "triton"), [
         ("dtype", "target_probs", _set(target_probs=lambda a: a["target_probs"].double())),
@@ -279,6 +295,17 @@ OPS = {
         ("value", "draft_token_ids", _poke("draft_token_ids", 2, 8)),
         ("value", "max_num_draft_tokens", _set(max_num_draft_tokens=1)),
         ("value", "max_num_draft_tokens", _set(max_num_draft_tokens=-1)),
+        ("dtype", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1.0, 2.0]))),
+        ("shape", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 2, 3]))),
+        ("value", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 8]))),
+        ("value", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([[-1], [2]]))),
+        ("dtype", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.ones(2, dtype=torch.float64))),
+        ("shape", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.ones(1))),
+        ("value", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([0.5, 1.5]))),
+        ("value", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([float("nan"), 0.5]))),
+        ("dtype", "reject_invalid_drafts", _set(reject_invalid_drafts=torch.tensor(True))),
+        ("shape", "target_probs", _set(bonus_token_ids=torch.tensor([1, 2]),
+                                       target_probs=lambda a: a["target_probs"][:4])),  # neither T + B nor T rows
     ]),
     "tree_rejection_sample": (tree_args, call_tree, ("cpu", "reference", "triton"), [
         ("dtype", "target_probs", _set(target_probs=lambda a: a["target_probs"].double())),
@@ -453,6 +480,12 @@ def test_paths_to_parents_errors(paths, match):
     (lambda a: torch.ops.specdec.rejection_sample.default(
         a["target_probs"], a["draft_token_ids"], a["num_draft_tokens"], None, a["seeds"].float(), a["offsets"],
         None), TypeError, "seeds"),
+    (lambda a: torch.ops.specdec.rejection_sample.default(
+        a["target_probs"], a["draft_token_ids"], a["num_draft_tokens"], None, a["seeds"], a["offsets"], None,
+        a["draft_token_ids"][:, 0] + 8), ValueError, "bonus_token_ids"),
+    (lambda a: torch.ops.specdec.rejection_sample.default(
+        a["target_probs"], a["draft_token_ids"], a["num_draft_tokens"], None, a["seeds"], a["offsets"], None,
+        None, False, torch.ones(2, dtype=torch.float64)), TypeError, "synthetic_acceptance_rates"),
 ])
 def test_direct_chain_op_calls_raise_torch_classes(call, error, match):
     with pytest.raises(error, match=match) as info:

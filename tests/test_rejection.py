@@ -11,7 +11,7 @@ from specdec_ops import reference
 from specdec_ops._checks import BackendUnavailableError, rng_inputs
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import HAS_TRITON, compile_ahead_of_time
+from conftest import CPU_BACKENDS, HAS_TRITON, compile_ahead_of_time
 
 ALPHA = 1e-4  # significance level of every statistical test here
 
@@ -513,6 +513,343 @@ def test_op_level_checks_raise_value_error_naming_element():
                                            None, args["seeds"], args["offsets"], None)
 
 
+# ------------------------------------------------------------------------------------------ engine keywords (#14)
+
+
+def test_keywords_off_outputs_are_those_recorded_before_the_keywords():
+    # Recorded with reference.py at 73be0e4 (before the engine keywords): off, every backend still emits
+    # exactly these tokens for these seeds (accepted drafts, corrections and sampled bonus tokens).
+    recorded = {
+        True: ([[2, 4, -1, -1], [1, -1, -1, -1], [3, 0, 0, 2], [4, -1, -1, -1], [4, -1, -1, -1],
+                [2, -1, -1, -1], [4, 4, -1, -1], [4, 2, 1, -1]], [1, 0, 3, 0, 0, 0, 1, 2]),
+        False: ([[4, -1, -1, -1], [1, -1, -1, -1], [3, 0, 2, -1], [3, -1, -1, -1], [4, -1, -1, -1],
+                 [2, -1, -1, -1], [3, -1, -1, -1], [1, -1, -1, -1]], [0, 0, 2, 0, 0, 0, 0, 0]),
+    }
+    greedy = torch.arange(8) % 4 == 1
+    for draft_probs, (tokens, accepted) in recorded.items():
+        args = make_batch(8, 3, 5, draft_probs=draft_probs, seed=2026, temperature=2.0)
+        for backend in CPU_BACKENDS:
+            out = call(args, backend, greedy)
+            assert out.token_ids.tolist() == tokens and out.num_accepted.tolist() == accepted, backend
+            packed = call_packed(to_packed(args), backend, k=3, greedy=greedy)
+            assert packed.token_ids.tolist() == tokens, backend
+
+
+def _accepting_batch(batch=12, k=3, vocab=40, seed=21, draft_probs=True):
+    """A batch where most drafts are accepted (drafts = argmax of a peaked target), ragged n_b."""
+    args = make_batch(batch, k, vocab, draft_probs=draft_probs, seed=seed, temperature=0.05)
+    args["draft_token_ids"] = torch.argmax(args["target_probs"][:, :k], -1)
+    if draft_probs:
+        args["draft_probs"] = args["target_probs"][:, :k].clone()
+    x = (int(args["draft_token_ids"][1, 0]) + 1) % vocab  # request 1: a draft the peaked target rejects
+    args["draft_token_ids"][1, 0] = x
+    args["num_draft_tokens"][1] = k
+    if draft_probs:
+        args["draft_probs"][1, 0] = torch.nn.functional.one_hot(torch.tensor(x), vocab).float()
+    return args
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_bonus_token_ids_replace_only_the_bonus_token(cpu_backend, draft_probs):
+    args = _accepting_batch(draft_probs=draft_probs)
+    batch, k, vocab = 12, 3, 40
+    greedy = torch.arange(batch) % 3 == 0
+    bonus = (torch.arange(batch, dtype=torch.int32) * 7 + 3) % vocab
+    plain = call(args, cpu_backend, greedy)
+    n = args["num_draft_tokens"]
+    full = plain.num_accepted.long() == n
+    assert full.sum() >= 4 and (~full).sum() >= 1  # both kinds of request are present
+    for given in (bonus, bonus[:, None].long()):  # int32 [B] and int64 [B, 1]
+        out = call(dict(args, bonus_token_ids=given), cpu_backend, greedy)
+        assert torch.equal(out.num_accepted, plain.num_accepted)
+        want = plain.token_ids.clone()
+        rows = torch.arange(batch)[full]
+        want[rows, n[full]] = bonus[full].long()
+        assert torch.equal(out.token_ids, want)
+        assert_same(out, call(dict(args, bonus_token_ids=given), "reference", greedy))
+        packed = call_packed(dict(to_packed(args), bonus_token_ids=given), cpu_backend, k=k, greedy=greedy)
+        assert_same(packed, out)
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_bonus_rows_may_be_omitted_in_both_layouts(cpu_backend, draft_probs):
+    # [B, K, V] and [T, V] (vLLM's layout): the same outputs as with the bonus rows, which are never read
+    # (filled with NaN in the full layouts here: reading one would change the tokens or their range).
+    args = _accepting_batch(draft_probs=draft_probs, seed=22)
+    batch, k = 12, 3
+    greedy = torch.arange(batch) % 4 == 1
+    bonus = torch.arange(batch) % 40
+    target = args["target_probs"].clone()
+    n = args["num_draft_tokens"]
+    target[torch.arange(batch), n] = float("nan")  # every request's bonus row
+    with_rows = call(dict(args, target_probs=target, bonus_token_ids=bonus), cpu_backend, greedy)
+    without = call(dict(args, target_probs=target[:, :k].contiguous(), bonus_token_ids=bonus), cpu_backend, greedy)
+    assert_same(with_rows, without)
+    assert_same(with_rows, call(dict(args, bonus_token_ids=bonus), "reference", greedy))
+    packed = to_packed(dict(args, target_probs=target))
+    rows = torch.cat([args["target_probs"][b, : int(n[b])] for b in range(batch)])  # [T, V], no bonus rows
+    assert packed["target_probs"].shape[0] == rows.shape[0] + batch
+    assert_same(call_packed(dict(packed, bonus_token_ids=bonus), cpu_backend, k=k, greedy=greedy), with_rows)
+    assert_same(call_packed(dict(packed, target_probs=rows, bonus_token_ids=bonus), cpu_backend, k=k,
+                            greedy=greedy), with_rows)
+
+
+def test_bonus_rows_omitted_need_bonus_token_ids():
+    args = _good()
+    short = args["target_probs"][:, :3].contiguous()  # [B, K, V]
+    with pytest.raises(ValueError, match="draft_token_ids"):
+        call(dict(args, target_probs=short), "cpu")
+    with pytest.raises(ValueError, match="target_probs.*bonus_token_ids"):
+        call(dict(args, target_probs=short[:, :2], bonus_token_ids=torch.tensor([1, 2])), "cpu")
+    packed = to_packed(args)
+    total = packed["draft_token_ids"].shape[0]
+    with pytest.raises(ValueError, match="target_probs"):
+        call_packed(dict(packed, target_probs=packed["target_probs"][:total]), "cpu")
+
+
+def test_gpu_clamps_bonus_ids_on_the_triton_kernel():
+    # On the GPU bad bonus ids are clamped into [0, V-1] (no host sync); the Triton kernel does it, shown
+    # here by launching it directly under the interpreter (the CPU wrappers check the values instead).
+    if not HAS_TRITON:
+        pytest.skip("triton not installed")
+    from specdec_ops.rejection import _triton_padded
+    args = _accepting_batch(batch=4, seed=23)
+    args["num_draft_tokens"] = torch.tensor([0, 0, 2, 0])
+    bonus = torch.tensor([-5, 40, 7, 10**9])
+    token_ids, num_accepted = _triton_padded(args["target_probs"], args["draft_token_ids"],
+                                             args["num_draft_tokens"], args["draft_probs"], args["seeds"],
+                                             args["offsets"], None, bonus)
+    assert token_ids[:, 0].tolist()[0] == 0 and token_ids[1, 0] == 39 and token_ids[3, 0] == 39
+    assert int(num_accepted[2]) == 2 and token_ids[2, 2] == 7
+
+
+def _placeholder_batch(draft_probs, seed):
+    """Requests with -1 and V placeholders at the first, a middle and the last used slot."""
+    batch, k, vocab = 12, 4, 30
+    args = make_batch(batch, k, vocab, draft_probs=draft_probs, seed=seed)
+    ids = torch.argmax(args["target_probs"][:, :k], -1)
+    hot = torch.nn.functional.one_hot(ids, vocab).float()
+    # Valid drafts accepted: p(x) >= 0.999 > q(x) (one-hot q: accepted iff u < p(x); these seeds all pass).
+    args["target_probs"][:, :k] = 0.999 * hot + 0.001 * args["target_probs"][:, :k]
+    if draft_probs:
+        args["draft_probs"] = 0.9 * hot + 0.1 * args["draft_probs"]
+    args["draft_token_ids"] = ids
+    args["num_draft_tokens"] = torch.full((batch,), k)
+    for b, (slot, bad) in enumerate([(0, -1), (0, vocab), (2, -1), (2, vocab), (3, -1), (3, vocab)]):
+        ids[b, slot] = bad
+    ids[6:, :] = -1  # whole placeholder rows
+    args["num_draft_tokens"][9:] = torch.tensor([1, 2, 0])
+    return args
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_reject_invalid_drafts_rejects_placeholders_at_their_position(cpu_backend, draft_probs):
+    args = _placeholder_batch(draft_probs, seed=31)
+    greedy = torch.arange(12) % 2 == 1
+    ids, n = args["draft_token_ids"], args["num_draft_tokens"]
+    out = call(dict(args, reject_invalid_drafts=True), cpu_backend, greedy)
+    assert_same(out, call(dict(args, reject_invalid_drafts=True), "reference", greedy))
+    first_bad = [next((k for k in range(int(n[b])) if not 0 <= int(ids[b, k]) < 30), int(n[b])) for b in range(12)]
+    assert (out.num_accepted <= torch.tensor(first_bad)).all()
+    assert (out.num_accepted[:6] == torch.tensor([0, 0, 2, 2, 3, 3])).all()  # accepted up to the placeholder
+    emitted = out.token_ids[out.token_ids >= 0]
+    assert ((emitted >= 0) & (emitted < 30)).all()
+    for b in range(12):  # greedy: the correction is the argmax of the placeholder's row
+        a = int(out.num_accepted[b])
+        if greedy[b]:
+            assert int(out.token_ids[b, a]) == int(torch.argmax(args["target_probs"][b, a]))
+    packed = call_packed(dict(to_packed(args), reject_invalid_drafts=True), cpu_backend, k=4, greedy=greedy)
+    assert_same(packed, out)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_invalid_drafts_still_raise_on_cpu_without_the_flag(cpu_backend, layout):
+    args = _placeholder_batch(True, seed=32)
+    with pytest.raises(ValueError, match="draft_token_ids"):
+        if layout == "padded":
+            call(args, cpu_backend)
+        else:
+            call_packed(to_packed(args), cpu_backend, k=4)
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_correction_after_a_placeholder_follows_the_residual(draft_probs):
+    """Chi-square at alpha = 1e-4, 40,000 requests, each with a -1 placeholder at slot 0: the correction
+    ~ max(p - q, 0) normalized over q's full row, or p itself for one-hot drafts (nothing removed)."""
+    vocab, batch = 8, STAT_DRAWS
+    g = torch.Generator().manual_seed(43)
+    p = torch.softmax(torch.randn(2, vocab, generator=g), -1)
+    q = torch.softmax(torch.randn(1, vocab, generator=g), -1)
+    out = specdec_ops.rejection_sample(p.expand(batch, 2, vocab).contiguous(), torch.full((batch, 1), -1),
+                                       torch.ones(batch, dtype=torch.int64),
+                                       q.expand(batch, 1, vocab).contiguous() if draft_probs else None,
+                                       seeds=torch.arange(batch) * 31 + 5,
+                                       offsets=torch.zeros(batch, dtype=torch.int64),
+                                       reject_invalid_drafts=True, backend="cpu")
+    assert (out.num_accepted == 0).all()
+    expected = (p[0] - q[0]).clamp(min=0).double() if draft_probs else p[0].double()
+    counts = torch.bincount(out.token_ids[:, 0], minlength=vocab).double()
+    support = expected > 0
+    assert counts[~support].sum() == 0
+    stat = scipy.stats.chisquare(counts[support].numpy(), (expected[support] / expected.sum() * batch).numpy())
+    assert stat.pvalue > ALPHA, (counts, expected)
+
+
+def test_synthetic_rates_force_the_acceptance_length(cpu_backend):
+    # Drafts the target would reject (random ids under a peaked target): the probabilities play no part.
+    args = make_batch(10, 4, 30, seed=51, temperature=0.05)
+    args["num_draft_tokens"] = torch.tensor([4, 3, 2, 1, 0, 4, 3, 4, 4, 3])
+    greedy = torch.arange(10) % 2 == 0
+    n = args["num_draft_tokens"]
+    out = call(dict(args, synthetic_acceptance_rates=torch.tensor([1.0, 1.0, 0.0, 1.0])), cpu_backend, greedy)
+    assert torch.equal(out.num_accepted.long(), torch.clamp(n, max=2))
+    assert torch.equal(out.token_ids[:, :2][n >= 2], args["draft_token_ids"][:, :2][n >= 2])
+    for b in range(10):  # greedy: the correction at a forced rejection is the argmax of its row
+        if greedy[b] and n[b] >= 3:
+            assert int(out.token_ids[b, 2]) == int(torch.argmax(args["target_probs"][b, 2]))
+    zero = call(dict(args, synthetic_acceptance_rates=torch.zeros(6)), cpu_backend, greedy)  # R > K is allowed
+    assert (zero.num_accepted == 0).all()
+    # An invalid id is rejected even at rate 1, without an error on CPU in this mode (no reject_invalid_drafts).
+    ids = args["draft_token_ids"].clone()
+    ids[0, 1] = -1
+    ids[1, 2] = 30
+    bad = call(dict(args, draft_token_ids=ids, synthetic_acceptance_rates=torch.ones(4)), cpu_backend, greedy)
+    assert bad.num_accepted[:2].tolist() == [1, 2] and (bad.num_accepted[2:].long() == n[2:]).all()
+    packed = call_packed(dict(to_packed(dict(args, draft_token_ids=ids)), synthetic_acceptance_rates=torch.ones(4)),
+                         cpu_backend, k=4, greedy=greedy)
+    assert_same(packed, bad)
+
+
+def test_synthetic_acceptance_lengths_follow_the_rates():
+    """Chi-square at alpha = 1e-4 over 40,000 requests (half greedy), K = 4, rates r: the acceptance
+    length L has P(L = j) = r_0 ... r_{j-1} (1 - r_j) for j < K and r_0 ... r_{K-1} for j = K."""
+    rates = [0.8, 0.5, 0.3, 0.9]
+    batch, k, vocab = STAT_DRAWS, 4, 16
+    g = torch.Generator().manual_seed(52)
+    p = torch.softmax(torch.randn(k + 1, vocab, generator=g), -1).expand(batch, k + 1, vocab).contiguous()
+    ids = torch.randint(0, vocab, (batch, k), generator=g)
+    out = specdec_ops.rejection_sample(p, ids, torch.full((batch,), k), seeds=torch.arange(batch) * 7 + 1,
+                                       offsets=torch.full((batch,), 3), greedy=torch.arange(batch) % 2 == 0,
+                                       synthetic_acceptance_rates=torch.tensor(rates), backend="cpu")
+    expected, reach = [], 1.0
+    for r in rates:
+        expected.append(reach * (1 - r))
+        reach *= r
+    expected.append(reach)
+    counts = torch.bincount(out.num_accepted.long(), minlength=k + 1).double()
+    stat = scipy.stats.chisquare(counts.numpy(), (torch.tensor(expected, dtype=torch.float64) * batch).numpy())
+    assert stat.pvalue > ALPHA, (counts, expected)
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_correction_after_a_forced_rejection_follows_the_residual(draft_probs):
+    """Chi-square at alpha = 1e-4, 40,000 requests: rate 0 rejects the draft x at position 0 whatever
+    p and q; the correction ~ max(p - q, 0) normalized (one-hot: p without x)."""
+    vocab, batch = 8, STAT_DRAWS
+    g = torch.Generator().manual_seed(53)
+    p = torch.softmax(torch.randn(2, vocab, generator=g), -1)
+    q = torch.softmax(torch.randn(1, vocab, generator=g), -1)
+    x = int(torch.argmax(p[0]))  # the target's favourite: a rejection there is rare without the rates
+    out = specdec_ops.rejection_sample(p.expand(batch, 2, vocab).contiguous(), torch.full((batch, 1), x),
+                                       torch.ones(batch, dtype=torch.int64),
+                                       q.expand(batch, 1, vocab).contiguous() if draft_probs else None,
+                                       seeds=torch.arange(batch) * 13 + 2,
+                                       offsets=torch.zeros(batch, dtype=torch.int64),
+                                       synthetic_acceptance_rates=torch.zeros(1), backend="cpu")
+    assert (out.num_accepted == 0).all()
+    if draft_probs:
+        expected = (p[0] - q[0]).clamp(min=0).double()
+    else:
+        expected = p[0].double().clone()
+        expected[x] = 0.0
+    counts = torch.bincount(out.token_ids[:, 0], minlength=vocab).double()
+    support = expected > 0
+    assert counts[~support].sum() == 0
+    stat = scipy.stats.chisquare(counts[support].numpy(), (expected[support] / expected.sum() * batch).numpy())
+    assert stat.pvalue > ALPHA, (counts, expected)
+
+
+def _mixed_keyword_batch(seed, draft_probs):
+    """Random requests mixing all three keywords: placeholders, greedy rows, synthetic rates, bonus ids."""
+    batch, k, vocab = 9, 4, 24
+    g = torch.Generator().manual_seed(seed)
+    args = make_batch(batch, k, vocab, draft_probs=draft_probs, seed=seed, temperature=0.7)
+    ids = args["draft_token_ids"]
+    agree = torch.rand(batch, k, generator=g) < 0.6  # many drafts agree with the target argmax
+    ids[agree] = torch.argmax(args["target_probs"][:, :k], -1)[agree]
+    holes = torch.rand(batch, k, generator=g) < 0.15
+    ids[holes] = torch.where(torch.rand(batch, k, generator=g) < 0.5, -1, vocab)[holes]
+    greedy = torch.rand(batch, generator=g) < 0.4
+    bonus = torch.randint(0, vocab, (batch, 1), generator=g)
+    rates = torch.rand(k + 1, generator=g)
+    return args, greedy, bonus, rates
+
+
+@pytest.mark.parametrize("seed", [61, 62, 63])
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_backends_agree_with_all_keywords(cpu_backend, seed, draft_probs):
+    args, greedy, bonus, rates = _mixed_keyword_batch(seed, draft_probs)
+    k = args["draft_token_ids"].shape[1]
+    for kw in (dict(bonus_token_ids=bonus, reject_invalid_drafts=True),
+               dict(reject_invalid_drafts=True, synthetic_acceptance_rates=rates),
+               dict(bonus_token_ids=bonus, reject_invalid_drafts=True, synthetic_acceptance_rates=rates)):
+        want = call(dict(args, **kw), "reference", greedy)
+        assert_same(call(dict(args, **kw), cpu_backend, greedy), want)
+        packed = dict(to_packed(args), **kw)
+        assert_same(call_packed(packed, cpu_backend, k=k, greedy=greedy), want)
+        if "bonus_token_ids" in kw:  # no bonus rows in either layout
+            short = dict(args, target_probs=args["target_probs"][:, :k].contiguous(), **kw)
+            assert_same(call(short, cpu_backend, greedy), want)
+            n = args["num_draft_tokens"]
+            rows = torch.cat([args["target_probs"][b, : int(n[b])] for b in range(len(n))])
+            assert_same(call_packed(dict(packed, target_probs=rows), cpu_backend, k=k, greedy=greedy), want)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("bonus_token_ids", torch.tensor([1, 2, 3]), "bonus_token_ids"),
+    ("bonus_token_ids", torch.tensor([[1, 2], [3, 4]]), "bonus_token_ids"),
+    ("bonus_token_ids", torch.tensor([1.0, 2.0]), "bonus_token_ids"),
+    ("bonus_token_ids", torch.tensor([1, 10]), r"bonus_token_ids\[1\] = 10"),
+    ("bonus_token_ids", torch.tensor([-1, 2]), r"bonus_token_ids\[0\] = -1"),
+    ("synthetic_acceptance_rates", torch.ones(2), "synthetic_acceptance_rates"),
+    ("synthetic_acceptance_rates", torch.ones(3, dtype=torch.float64), "synthetic_acceptance_rates"),
+    ("synthetic_acceptance_rates", torch.tensor([0.5, 1.5, 0.0]), r"synthetic_acceptance_rates\[1\]"),
+    ("synthetic_acceptance_rates", torch.tensor([0.5, 0.5, float("nan")]), r"synthetic_acceptance_rates\[2\]"),
+    ("reject_invalid_drafts", 1, "reject_invalid_drafts"),
+])
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_bad_keywords_name_the_argument(cpu_backend, layout, field, value, match):
+    args = dict(_good(), **{field: value})
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match=match):
+        if layout == "padded":
+            call(args, cpu_backend)
+        else:
+            call_packed(dict(to_packed(_good()), **{field: value}), cpu_backend, k=3)
+    with pytest.raises(ValueError, match="device"):
+        call(dict(_good(), bonus_token_ids=torch.tensor([1, 2], device="meta")), cpu_backend)
+
+
+def test_op_level_keyword_checks():
+    # The C++ op checks the keywords' values itself (direct calls, no Python wrapper).
+    args = _good()
+    fixed = (args["target_probs"], args["draft_token_ids"], torch.tensor([3, 3]), None, args["seeds"],
+             args["offsets"], None)
+    op = torch.ops.specdec.rejection_sample.default
+    with pytest.raises(ValueError, match=r"bonus_token_ids\[1\] = 10"):
+        op(*fixed, torch.tensor([[0], [10]]))
+    with pytest.raises(ValueError, match=r"synthetic_acceptance_rates\[0\]"):
+        op(*fixed, None, False, torch.tensor([-0.5, 0.5, 0.5]))
+    with pytest.raises(TypeError, match="synthetic_acceptance_rates"):
+        op(*fixed, None, False, torch.ones(3, dtype=torch.float64))
+    ids = args["draft_token_ids"].clone()
+    ids[0, 1] = -1
+    bad_ids = (args["target_probs"], ids) + fixed[2:]
+    with pytest.raises(ValueError, match="draft_token_ids"):
+        op(*bad_ids)
+    token_ids, num_accepted = op(*bad_ids, None, True)
+    assert int(num_accepted[0]) <= 1
+
+
 # ------------------------------------------------------------------------------------------ torch integration
 
 
@@ -527,11 +864,22 @@ def _op_samples():
     return padded_args, packed_args
 
 
+def _op_samples_with_keywords():
+    """The engine keywords on, the bonus rows omitted ([B, K, V] and [T, V])."""
+    padded_args, packed_args = _op_samples()
+    keywords = (torch.tensor([[4], [5], [6]]), True, torch.tensor([0.9, 0.2, 0.5]))
+    padded_args = (padded_args[0][:, :2].contiguous(),) + padded_args[1:] + keywords
+    total = packed_args[2].shape[0]
+    packed_args = (packed_args[0][:total].contiguous(),) + packed_args[1:] + keywords
+    return padded_args, packed_args
+
+
+@pytest.mark.parametrize("keywords", [False, True], ids=["plain", "keywords"])
 @pytest.mark.parametrize("suffix", ["", "_triton"])
-def test_opcheck(suffix):
+def test_opcheck(suffix, keywords):
     if suffix and not HAS_TRITON:
         pytest.skip("triton not installed")
-    padded_args, packed_args = _op_samples()
+    padded_args, packed_args = _op_samples_with_keywords() if keywords else _op_samples()
     torch.library.opcheck(getattr(torch.ops.specdec, "rejection_sample" + suffix).default, padded_args)
     torch.library.opcheck(getattr(torch.ops.specdec, "rejection_sample_packed" + suffix).default, packed_args)
 
@@ -547,6 +895,24 @@ def test_torch_compile_fullgraph():
 
     ids, n = step(**args)
     eager = call(args, "cpu")
+    assert torch.equal(ids, eager.token_ids) and torch.equal(n, eager.num_accepted)
+
+
+def test_torch_compile_fullgraph_with_keywords():
+    args = _accepting_batch(batch=4, k=3, vocab=32, seed=24)
+    args["target_probs"] = args["target_probs"][:, :3].contiguous()  # no bonus rows
+    bonus, rates = torch.tensor([[1], [2], [3], [4]]), torch.tensor([1.0, 0.5, 0.5])
+
+    @torch.compile(fullgraph=True)
+    def step(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, bonus, rates):
+        out = specdec_ops.rejection_sample(target_probs, draft_token_ids, num_draft_tokens, draft_probs,
+                                           seeds=seeds, offsets=offsets, bonus_token_ids=bonus,
+                                           reject_invalid_drafts=True, synthetic_acceptance_rates=rates)
+        return out.token_ids, out.num_accepted
+
+    ids, n = step(**args, bonus=bonus, rates=rates)
+    eager = call(dict(args, bonus_token_ids=bonus, reject_invalid_drafts=True, synthetic_acceptance_rates=rates),
+                 "cpu")
     assert torch.equal(ids, eager.token_ids) and torch.equal(n, eager.num_accepted)
 
 
@@ -588,6 +954,58 @@ def test_cuda_bad_values_are_safe():
     t = out.token_ids.cpu()
     assert int(out.num_accepted[0]) == 0 and int(out.num_accepted[1]) <= 1
     assert ((t == -1) | ((t >= 0) & (t < 50))).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("vocab", [24, 8193])
+def test_cuda_keywords_equal_cpu(draft_probs, vocab):
+    # Every keyword combination on the GPU against the C++ CPU kernel, padded and packed, with and
+    # without bonus rows; the Triton kernel on the GPU too.
+    args, greedy, bonus, rates = _mixed_keyword_batch(70 + vocab, draft_probs)
+    if vocab != 24:
+        args = make_batch(9, 4, vocab, draft_probs=draft_probs, seed=vocab, temperature=0.3)
+        args["draft_token_ids"][::3, 1] = -1
+    k = args["draft_token_ids"].shape[1]
+    n = args["num_draft_tokens"]
+    rows = torch.cat([args["target_probs"][b, : int(n[b])] for b in range(len(n))])
+    for kw in (dict(bonus_token_ids=bonus, reject_invalid_drafts=True),
+               dict(reject_invalid_drafts=True, synthetic_acceptance_rates=rates),
+               dict(bonus_token_ids=bonus, reject_invalid_drafts=True, synthetic_acceptance_rates=rates)):
+        cpu = call(dict(args, **kw), "cpu", greedy)
+        gpu_kw = {key: (v.cuda() if isinstance(v, torch.Tensor) else v) for key, v in kw.items()}
+        gpu = call(dict(_to(args, "cuda"), **gpu_kw), "cuda", greedy.cuda())
+        assert torch.equal(gpu.num_accepted.cpu(), cpu.num_accepted)
+        assert (gpu.token_ids.cpu() == cpu.token_ids).all(-1).float().mean() >= 0.99  # rare logf ulps ties
+        packed = call_packed(dict(_to(to_packed(args), "cuda"), **gpu_kw), "cuda", k=k, greedy=greedy.cuda())
+        assert torch.equal(packed.token_ids, gpu.token_ids)
+        if "bonus_token_ids" in kw:
+            short = call(dict(_to(args, "cuda"), target_probs=args["target_probs"][:, :k].contiguous().cuda(),
+                              **gpu_kw), "cuda", greedy.cuda())
+            assert torch.equal(short.token_ids, gpu.token_ids)
+            flat = call_packed(dict(_to(to_packed(args), "cuda"), target_probs=rows.cuda(), **gpu_kw), "cuda", k=k,
+                               greedy=greedy.cuda())
+            assert torch.equal(flat.token_ids, gpu.token_ids)
+        if HAS_TRITON:
+            tri = call(dict(_to(args, "cuda"), **gpu_kw), "triton", greedy.cuda())
+            assert torch.equal(tri.num_accepted, gpu.num_accepted)
+            assert (tri.token_ids == gpu.token_ids).all(-1).float().mean() >= 0.99
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_cuda_bad_keyword_values_are_safe(backend):
+    # GPU: bonus ids clamped into [0, V-1], NaN rates never accept, rates outside [0, 1] used as given.
+    if backend == "triton" and not HAS_TRITON:
+        pytest.skip("triton not installed")
+    args = _to(make_batch(4, 2, 50, seed=5), "cuda")
+    args["num_draft_tokens"] = torch.tensor([0, 0, 2, 2], device="cuda")
+    bonus = torch.tensor([-3, 10**6, 7, 8], device="cuda")
+    out = call(dict(args, bonus_token_ids=bonus, synthetic_acceptance_rates=torch.tensor([2.0, -1.0], device="cuda")),
+               backend)
+    assert out.token_ids[:2, 0].tolist() == [0, 49] and out.num_accepted.tolist() == [0, 0, 1, 1]
+    nan = call(dict(args, synthetic_acceptance_rates=torch.full((2,), float("nan"), device="cuda")), backend)
+    assert nan.num_accepted.tolist() == [0, 0, 0, 0]
 
 
 @pytest.mark.cuda

@@ -8,6 +8,12 @@ vocabulary. Greedy requests walk rows with a tiled argmax until the first
 mismatch. Races and argmaxes keep per-lane running bests (one tile-wide reduction per
 row); one Philox block serves 4 consecutive entries (philox_tile). `vocab` is
 specialized (divisible by 16: aligned rows, vectorized loads).
+
+Engine keywords (issue #14), each a constexpr so that a launch without them compiles
+to the same code: HAS_BONUS_IDS (a fully accepted request emits its given id, clamped
+into [0, V-1], and its bonus row is never read; BONUS_ROWS=False when the target has
+none), SYNTHETIC (accept draft k iff u_k < rate[k], greedy requests too, which then
+take the argmax of the one row they need).
 """
 
 import triton
@@ -95,6 +101,16 @@ def row_race(p_row_ptr, q_row_ptr, draft, residual, vocab, seed, offset, positio
     return index.to(tl.int64)
 
 
+@triton.jit
+def _race_at(target_ptr, draft_probs_ptr, draft_ids_ptr, target_base, draft_base, accepted, residual, vocab, seed,
+             offset, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+    """The token emitted at position `accepted`: the race over the residual after its rejected draft
+    (`residual`), else the bonus race over the row."""
+    x_rejected = tl.load(draft_ids_ptr + draft_base + accepted, mask=residual, other=-1)
+    return row_race(target_ptr + (target_base + accepted) * vocab, draft_probs_ptr + (draft_base + accepted) * vocab,
+                    x_rejected, residual, vocab, seed, offset, accepted, HAS_Q, BLOCK)
+
+
 @triton.jit(do_not_specialize=["num_draft_rows"])
 def rejection_sample_kernel(
     target_ptr,          # [rows, V] probabilities
@@ -106,12 +122,17 @@ def rejection_sample_kernel(
     greedy_ptr,          # bool [B] (any valid pointer without HAS_GREEDY)
     token_ids_ptr,       # int64 out [B, K+1]
     num_accepted_ptr,    # int32 out [B]
+    bonus_ids_ptr,       # int64 [B] (any valid pointer without HAS_BONUS_IDS)
+    rates_ptr,           # float32 [R >= K] (any valid pointer without SYNTHETIC)
     vocab: tl.constexpr,  # fixed per model: specialized (aligned rows, vectorized loads, static loop bounds)
     max_draft,
     num_draft_rows,
     PACKED: tl.constexpr,
     HAS_DRAFT_PROBS: tl.constexpr,
     HAS_GREEDY: tl.constexpr,
+    HAS_BONUS_IDS: tl.constexpr,
+    BONUS_ROWS: tl.constexpr,  # whether the target holds a bonus row per request (False only with HAS_BONUS_IDS)
+    SYNTHETIC: tl.constexpr,
     BLOCK_K: tl.constexpr,   # power of two >= K + 1
     BLOCK: tl.constexpr,     # vocab tile
 ):
@@ -121,11 +142,17 @@ def rejection_sample_kernel(
         lo = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), num_draft_rows)
         hi = tl.minimum(tl.maximum(tl.load(lengths_ptr + b + 1), lo), num_draft_rows)
         n = tl.minimum(hi - lo, max_draft)
-        target_base = lo + b
+        if BONUS_ROWS:
+            target_base = lo + b
+        else:
+            target_base = lo
         draft_base = lo
     else:
         n = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), max_draft)
-        target_base = b * (max_draft + 1)
+        if BONUS_ROWS:
+            target_base = b * (max_draft + 1)
+        else:
+            target_base = b * max_draft
         draft_base = b * max_draft
     seed = tl.load(seeds_ptr + b)
     offset = tl.load(offsets_ptr + b)
@@ -136,12 +163,18 @@ def rejection_sample_kernel(
     ks = tl.arange(0, BLOCK_K).to(tl.int64)
     in_draft = ks < n
     x = tl.load(draft_ids_ptr + draft_base + ks, mask=in_draft, other=-1)
+    walk = greedy != 0  # greedy verification walks the argmaxes of the rows
+    if SYNTHETIC:
+        walk = False  # every request takes the synthetic test
 
-    if greedy != 0:
+    if walk:
         k = tl.full([], 0, tl.int64)
         accepted = n
         final = tl.full([], 0, tl.int64)
         searching = 1
+        if HAS_BONUS_IDS:  # the bonus row is never read: stop after the last draft row
+            final = tl.minimum(tl.maximum(tl.load(bonus_ids_ptr + b), 0), vocab - 1)
+            searching = tl.where(n > 0, 1, 0)
         while searching != 0:
             best = row_argmax(target_ptr + (target_base + k) * vocab, vocab, BLOCK)
             x_k = tl.load(draft_ids_ptr + draft_base + k, mask=k < n, other=-1)
@@ -150,22 +183,41 @@ def rejection_sample_kernel(
             final = tl.where(stop, best, final)
             searching = tl.where(stop, 0, 1)
             k += 1
+            if HAS_BONUS_IDS:
+                searching = tl.where(k >= n, 0, searching)
     else:
         in_vocab = (x >= 0) & (x < vocab)
         u = bits_to_uniform(philox_bits(seed, offset, ks, PURPOSE_ACCEPT, tl.zeros([BLOCK_K], tl.int64)))
-        p_x = tl.load(target_ptr + (target_base + ks) * vocab + x, mask=in_draft & in_vocab, other=0.0)
-        if HAS_DRAFT_PROBS:
-            q_x = tl.load(draft_probs_ptr + (draft_base + ks) * vocab + x, mask=in_draft & in_vocab, other=0.0)
-            q_x = prob_mass(q_x.to(tl.float32))
+        if SYNTHETIC:
+            # Masks from one comparison (see race_pass): in_draft alone, then in_vocab in `ok`.
+            rate = tl.load(rates_ptr + ks, mask=in_draft, other=0.0)
+            ok = in_vocab & (u < rate)
         else:
-            q_x = tl.full([BLOCK_K], 1.0, tl.float32)
-        ok = in_vocab & (u * q_x < prob_mass(p_x.to(tl.float32)))
+            p_x = tl.load(target_ptr + (target_base + ks) * vocab + x, mask=in_draft & in_vocab, other=0.0)
+            if HAS_DRAFT_PROBS:
+                q_x = tl.load(draft_probs_ptr + (draft_base + ks) * vocab + x, mask=in_draft & in_vocab, other=0.0)
+                q_x = prob_mass(q_x.to(tl.float32))
+            else:
+                q_x = tl.full([BLOCK_K], 1.0, tl.float32)
+            ok = in_vocab & (u * q_x < prob_mass(p_x.to(tl.float32)))
         accepted = tl.min(tl.where(in_draft & ~ok, ks, n), 0)
         residual = accepted < n
-        x_rejected = tl.load(draft_ids_ptr + draft_base + accepted, mask=residual, other=-1)
-        final = row_race(target_ptr + (target_base + accepted) * vocab,
-                         draft_probs_ptr + (draft_base + accepted) * vocab,
-                         x_rejected, residual, vocab, seed, offset, accepted, HAS_DRAFT_PROBS, BLOCK)
+        argmax_only = False
+        if SYNTHETIC:
+            argmax_only = greedy != 0  # a greedy request's correction (or bonus) is an argmax
+        if HAS_BONUS_IDS:
+            final = tl.minimum(tl.maximum(tl.load(bonus_ids_ptr + b), 0), vocab - 1)
+            if residual:  # else the given id: the bonus row is never read
+                if argmax_only:
+                    final = row_argmax(target_ptr + (target_base + accepted) * vocab, vocab, BLOCK)
+                else:
+                    final = _race_at(target_ptr, draft_probs_ptr, draft_ids_ptr, target_base, draft_base,
+                                     accepted, residual, vocab, seed, offset, HAS_DRAFT_PROBS, BLOCK)
+        elif argmax_only:
+            final = row_argmax(target_ptr + (target_base + accepted) * vocab, vocab, BLOCK)
+        else:
+            final = _race_at(target_ptr, draft_probs_ptr, draft_ids_ptr, target_base, draft_base, accepted,
+                             residual, vocab, seed, offset, HAS_DRAFT_PROBS, BLOCK)
 
     js = tl.arange(0, BLOCK_K).to(tl.int64)
     out = tl.where(js < accepted, x, tl.where(js == accepted, final, -1))

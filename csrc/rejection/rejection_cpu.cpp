@@ -61,7 +61,13 @@ void sample_request(const RejectionParams& p, int64_t b) {
     const int64_t x = p.draft_token_ids[rows.draft_base + k];
     const int64_t p_row = rows.target_base + k;
     bool accepted;
-    if (greedy) {
+    if (p.synthetic_rates != nullptr) {
+      // Synthetic acceptance: the probabilities play no part in the test (greedy requests too).
+      accepted = draft_in_vocab(x, p.vocab) &&
+                 synthetic_accept(philox_uniform(seed, offset, static_cast<uint32_t>(k), kPurposeAccept, 0),
+                                  p.synthetic_rates[k]);
+      if (!accepted && greedy) final_token = row_argmax<T>(p.target_probs, p_row, p.vocab);
+    } else if (greedy) {
       const int64_t best = row_argmax<T>(p.target_probs, p_row, p.vocab);
       accepted = x == best;
       if (!accepted) final_token = best;
@@ -81,7 +87,9 @@ void sample_request(const RejectionParams& p, int64_t b) {
     }
     out[k] = x;
   }
-  if (k == n) {
+  if (k == n && p.bonus_token_ids != nullptr) {
+    final_token = external_bonus_token(p, b);  // the bonus row is never read (it may be absent)
+  } else if (k == n) {
     const int64_t p_row = rows.target_base + n;
     final_token = greedy ? row_argmax<T>(p.target_probs, p_row, p.vocab)
                          : row_race<T>(p, p_row, -1, -1, /*residual=*/false, seed, offset, static_cast<uint32_t>(n));

@@ -17,6 +17,11 @@
 //      on the same stream) merges the partials and writes the outputs.
 // Merging partial (score, index) maxima is exact (vocab_split.h), so the tokens
 // are those of the single-pass race: the Philox layout and the race are unchanged.
+// Engine keywords (issue #14): with bonus_token_ids a fully accepted request emits
+// its given id (clamped into [0, V-1]) and no block reads its bonus row, which the
+// target may then omit (RejectionParams::bonus_rows_omitted); with synthetic
+// acceptance rates step 1 tests u_k < rate[k] for every request, greedy ones
+// included, and a greedy request then takes the argmax of the one row it needs.
 // No host sync, no global state beyond the per-launch workspace, current stream:
 // graph-capturable (the memset is a graph node).
 #include <cstdint>
@@ -186,9 +191,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) rejection_sample_kerne
   ArgMax* mine = ws.partials + (b * parts + part) * ws.slots;
   const GroupRange range = vocab_part(vocab, parts, part);
 
+  // Engine keywords (uniform per launch): synthetic acceptance tests every request (greedy ones too) on
+  // its uniforms alone; an external bonus id replaces the bonus row, which is then never read.
+  const bool synthetic = p.synthetic_rates != nullptr;
+  const bool external_bonus = p.bonus_token_ids != nullptr;
+  const bool walk = greedy && !synthetic;  // greedy verification: argmax of every row, compared in the merge
   int64_t accepted = n;
-  if (greedy) {
-    for (int64_t k = 0; k <= n; ++k) {
+  if (walk) {
+    for (int64_t k = 0; k < (external_bonus ? n : n + 1); ++k) {
       const ArgMax best = block_argmax(argmax_range(target + (rows.target_base + k) * vocab, vocab, range), smem);
       if (threadIdx.x == 0) store_partial(mine + k, best);
     }
@@ -200,28 +210,41 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) rejection_sample_kerne
       bool ok = false;
       if (draft_in_vocab(x, vocab)) {
         const float u = philox_uniform(seed, offset, static_cast<uint32_t>(k), kPurposeAccept, 0);
-        const float p_x = to_float(target[(rows.target_base + k) * vocab + x]);
-        const float q_x = draft != nullptr ? to_float(draft[(rows.draft_base + k) * vocab + x]) : 1.f;
-        ok = accept_draft(u, p_x, q_x);
+        if (synthetic) {
+          ok = synthetic_accept(u, p.synthetic_rates[k]);
+        } else {
+          const float p_x = to_float(target[(rows.target_base + k) * vocab + x]);
+          const float q_x = draft != nullptr ? to_float(draft[(rows.draft_base + k) * vocab + x]) : 1.f;
+          ok = accept_draft(u, p_x, q_x);
+        }
       }
       if (!ok) atomicMin(&first_rejected, static_cast<int>(k));
     }
     __syncthreads();
     accepted = first_rejected;
     const bool residual = accepted < n;
-    const T* q_row = residual && draft != nullptr ? draft + (rows.draft_base + accepted) * vocab : nullptr;
-    const T* p_row = target + (rows.target_base + accepted) * vocab;
-    const uint32_t position = static_cast<uint32_t>(accepted);
-    ResidualRace race =
-        !residual ? race_range<T, false, false>(p_row, nullptr, -1, vocab, range, seed, offset, position)
-        : q_row != nullptr
-            ? race_range<T, true, true>(p_row, q_row, -1, vocab, range, seed, offset, position)
-            : race_range<T, true, false>(p_row, nullptr, ids[accepted], vocab, range, seed, offset, position);
-    race.residual = block_argmax(race.residual, smem);
-    race.fallback = block_argmax(race.fallback, smem);
-    if (threadIdx.x == 0) {
-      store_partial(mine, race.residual);
-      store_partial(mine + 1, race.fallback);
+    if (!residual && external_bonus) {
+      // Everything accepted: the last block emits the given id; no row to read.
+    } else if (greedy) {
+      // Synthetic mode, greedy request: argmax of the one row the first rejection (or the bonus) needs.
+      const ArgMax best = block_argmax(argmax_range(target + (rows.target_base + accepted) * vocab, vocab, range),
+                                       smem);
+      if (threadIdx.x == 0) store_partial(mine, best);
+    } else {
+      const T* q_row = residual && draft != nullptr ? draft + (rows.draft_base + accepted) * vocab : nullptr;
+      const T* p_row = target + (rows.target_base + accepted) * vocab;
+      const uint32_t position = static_cast<uint32_t>(accepted);
+      ResidualRace race =
+          !residual ? race_range<T, false, false>(p_row, nullptr, -1, vocab, range, seed, offset, position)
+          : q_row != nullptr
+              ? race_range<T, true, true>(p_row, q_row, -1, vocab, range, seed, offset, position)
+              : race_range<T, true, false>(p_row, nullptr, ids[accepted], vocab, range, seed, offset, position);
+      race.residual = block_argmax(race.residual, smem);
+      race.fallback = block_argmax(race.fallback, smem);
+      if (threadIdx.x == 0) {
+        store_partial(mine, race.residual);
+        store_partial(mine + 1, race.fallback);
+      }
     }
   }
 
@@ -235,9 +258,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) rejection_sample_kerne
   if (!last_block) return;
   __threadfence();
 
-  int64_t final_token = 0;
-  if (greedy) {
-    for (int64_t k = 0; k <= n; ++k) {
+  int64_t final_token = external_bonus ? external_bonus_token(p, b) : 0;
+  if (walk) {
+    for (int64_t k = 0; k < (external_bonus ? n : n + 1); ++k) {
       const int64_t best = merge_parts(ws, b, parts, k, smem).index;
       if (k == n || ids[k] != best) {
         accepted = k;
@@ -245,6 +268,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) rejection_sample_kerne
         break;
       }
     }
+  } else if (accepted == n && external_bonus) {
+    // final_token is the given bonus id
+  } else if (greedy) {
+    final_token = merge_parts(ws, b, parts, 0, smem).index;
   } else {
     const ResidualRace race{merge_parts(ws, b, parts, 0, smem), merge_parts(ws, b, parts, 1, smem)};
     final_token = residual_race_winner(race);

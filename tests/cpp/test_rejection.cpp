@@ -121,6 +121,40 @@ static void test_request_rows_clamp_bad_lengths() {
   CHECK(request_rows(p, 1).num_drafts == 4);
 }
 
+// Engine keywords (issue #14): the rows of a target without bonus rows, the synthetic test, the
+// clamped external bonus id.
+static void test_engine_keyword_helpers() {
+  const int64_t cu[4] = {0, 2, 2, 5};  // n = 2, 0, 3
+  RejectionParams p{};
+  p.lengths = cu;
+  p.batch = 3;
+  p.max_draft = 3;
+  p.num_draft_rows = 5;
+  p.packed = true;
+  CHECK(request_rows(p, 2).target_base == 2 + 2);  // [T + B, V]: cu[b] + b
+  p.bonus_rows_omitted = true;
+  CHECK(request_rows(p, 1).target_base == 2 && request_rows(p, 2).target_base == 2);  // [T, V]: cu[b]
+  CHECK(request_rows(p, 2).draft_base == 2 && request_rows(p, 2).num_drafts == 3);
+  const int64_t n[2] = {3, 1};
+  p.lengths = n;
+  p.packed = false;
+  p.batch = 2;
+  CHECK(request_rows(p, 1).target_base == 3);  // [B, K, V]
+  p.bonus_rows_omitted = false;
+  CHECK(request_rows(p, 1).target_base == 4);  // [B, K+1, V]
+
+  CHECK(synthetic_accept(0.25f, 0.5f));
+  CHECK(!synthetic_accept(0.5f, 0.5f));  // strict: u < rate
+  CHECK(!synthetic_accept(bits_to_uniform(0u), 0.f));  // rate 0 never accepts, rate 1 always
+  CHECK(synthetic_accept(bits_to_uniform(0xFFFFFFFFu), 1.f));
+  CHECK(!synthetic_accept(bits_to_uniform(0u), NAN));
+
+  const int64_t bonus[3] = {-4, 7, 1000};
+  p.bonus_token_ids = bonus;
+  p.vocab = 10;
+  CHECK(external_bonus_token(p, 0) == 0 && external_bonus_token(p, 1) == 7 && external_bonus_token(p, 2) == 9);
+}
+
 int main() {
   test_philox_known_answers();
   test_uniform_range_and_layout();
@@ -128,5 +162,6 @@ int main() {
   test_argmax_first_index_on_ties();
   test_race_skipping_never_changes_the_winner();
   test_request_rows_clamp_bad_lengths();
+  test_engine_keyword_helpers();
   TEST_MAIN_END();
 }
