@@ -150,5 +150,5 @@ log "roofline: predicted next to measured"
 timeout "${ROOFLINE_TIMEOUT:-240}" python bench/roofline.py --measure --json "$OUT/roofline.json" \
   > "$OUT/roofline.log" 2>&1
 log "roofline exit $?"
-head -20 "$OUT/roofline.log" >> "$OUT/summary.txt"
+cat "$OUT/roofline.log" >> "$OUT/summary.txt"   # the whole table (one row per kernel and shape)
 log "done"
