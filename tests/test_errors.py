@@ -232,7 +232,7 @@ SAMPLING_BAD = [
     ("value", "min_p", _poke("min_p", 0, -0.1)),
 ]
 
-# Bad engine keywords (issue #14): the same cases for the two logits chain ops (B = 2, K = 2, V = 8).
+# Bad engine keywords (issue #14): the same cases for the four chain ops (B = 2, K = 2, V = 8).
 ENGINE_BAD = [
     ("shape", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 2, 3]))),
     ("shape", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([[1, 2]]))),
@@ -268,18 +268,10 @@ OPS = {
         ("value", "draft_token_ids", _poke("draft_token_ids", (1, 0), -1)),
         ("value", "num_draft_tokens", _poke("num_draft_tokens", 1, 3)),
         ("value", "num_draft_tokens", _poke("num_draft_tokens", 0, -1)),
-        ("dtype", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1.0, 2.0]))),
-        ("shape", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 2, 3]))),
-        ("value", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 8]))),
-        ("value", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([[-1], [2]]))),
-        ("dtype", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.ones(2, dtype=torch.float64))),
-        ("shape", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.ones(1))),
-        ("value", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([0.5, 1.5]))),
-        ("value", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([float("nan"), 0.5]))),
         ("dtype", "reject_invalid_drafts", _set(reject_invalid_drafts=torch.tensor(True))),
         ("shape", "target_probs", _set(bonus_token_ids=torch.tensor([1, 2]),
                                        target_probs=lambda a: a["target_probs"][:, :1])),  # neither K+1 nor K rows
-    ]),
+   ] + ENGINE_BAD),
     "rejection_sample_packed": (packed_args, call_packed, ("cpu", "reference", "triton"), [
         ("dtype", "target_probs", _set(target_probs=lambda a: a["target_probs"].double())),
         ("dtype", "cu_num_draft_tokens", _set(cu_num_draft_tokens=lambda a: a["cu_num_draft_tokens"].float())),
@@ -295,18 +287,10 @@ OPS = {
         ("value", "draft_token_ids", _poke("draft_token_ids", 2, 8)),
         ("value", "max_num_draft_tokens", _set(max_num_draft_tokens=1)),
         ("value", "max_num_draft_tokens", _set(max_num_draft_tokens=-1)),
-        ("dtype", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1.0, 2.0]))),
-        ("shape", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 2, 3]))),
-        ("value", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([1, 8]))),
-        ("value", "bonus_token_ids", _set(bonus_token_ids=torch.tensor([[-1], [2]]))),
-        ("dtype", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.ones(2, dtype=torch.float64))),
-        ("shape", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.ones(1))),
-        ("value", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([0.5, 1.5]))),
-        ("value", "synthetic_acceptance_rates", _set(synthetic_acceptance_rates=torch.tensor([float("nan"), 0.5]))),
         ("dtype", "reject_invalid_drafts", _set(reject_invalid_drafts=torch.tensor(True))),
         ("shape", "target_probs", _set(bonus_token_ids=torch.tensor([1, 2]),
                                        target_probs=lambda a: a["target_probs"][:4])),  # neither T + B nor T rows
-    ]),
+   ] + ENGINE_BAD),
     "tree_rejection_sample": (tree_args, call_tree, ("cpu", "reference", "triton"), [
         ("dtype", "target_probs", _set(target_probs=lambda a: a["target_probs"].double())),
         ("dtype", "tree_token_ids", _set(tree_token_ids=lambda a: a["tree_token_ids"].float())),
