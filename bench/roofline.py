@@ -144,7 +144,8 @@ def rejection_cases():
                           triton=dict(types=dict(target_ptr="*fp32", draft_probs_ptr="*fp32", greedy_ptr="*i1",
                                                  num_accepted_ptr="*i32"),
                                       constexprs=dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=greedy,
-                                                      BLOCK_K=8, BLOCK=1024),
+                                                      HAS_BONUS_IDS=False, BONUS_ROWS=True, SYNTHETIC=False,
+                                                      vocab=V, BLOCK_K=8, BLOCK=1024),
                                       num_warps=4),
                           grid=lambda res, batch=batch: (batch, 1),
                           measure=_measure_rejection(batch, has_q, greedy, "triton")))
@@ -210,7 +211,7 @@ def tree_cases():
                                                  normalizers_ptr="*fp32", zeroed_ptr="*i32", accepted_path_ptr="*i32",
                                                  num_accepted_ptr="*i32"),
                                       constexprs=dict(HAS_NUM_NODES=False, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=False,
-                                                      BLOCK_N=16, BLOCK=1024),
+                                                      vocab=V, BLOCK_N=16, BLOCK=1024),
                                       num_warps=4),
                           grid=lambda res: (64, 1), measure=_measure_tree(has_q, "triton"), **common))
     return cases
@@ -312,7 +313,8 @@ def logits_cases():
                                            top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32",
                                            token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32"),
                                 constexprs=dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, HAS_K=False,
-                                                HAS_P=top_p, HAS_MIN_P=False, LOGPROBS=False, BLOCK_K=8,
+                                                HAS_P=top_p, HAS_MIN_P=False, LOGPROBS=False, HAS_BONUS=False,
+                                                HAS_RATES=False, BLOCK_K=8,
                                                 vocab=V, BLOCK=1024),
                                 num_warps=4),
                     grid=lambda res: (batch, 1), **common))

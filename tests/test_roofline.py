@@ -158,3 +158,25 @@ def test_tree_loop_picks_tell_the_scenario_passes_apart():
     assert not roofline._tree_sumrace_loop("LDG.E.128 R4\nMUFU.RCP R1, R2")
     assert roofline._tree_residual_m0_loop("LDG.E.128 R4\nMUFU.RCP R1, R2")
     assert not roofline._tree_residual_m0_loop("LDG.E.128 R4\nLD.E R9, desc[UR4][R2.64]")
+
+
+def test_every_triton_row_sets_every_constexpr_of_its_kernel():
+    """A constexpr added to a Triton kernel must get a value in its roofline rows (else the row stops
+    compiling, which only the full table, not CI, would show)."""
+    import importlib
+    import inspect
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    for case in roofline.all_cases():
+        if case.triton is None:
+            continue
+        module, name = case.source.split(":")
+        fn = getattr(importlib.import_module(module), name)
+        params = inspect.signature(getattr(fn, "fn", fn)).parameters.values()  # JITFunction or the interpreter's
+        constexprs = [p.name for p in params if "constexpr" in str(p.annotation)]
+        assert constexprs, f"{case.name}: no constexpr parameters found in {case.source}"
+        missing = [n for n in constexprs if n not in case.triton["constexprs"]]
+        assert not missing, f"{case.name}: no value for constexpr {missing} in bench/roofline.py"
