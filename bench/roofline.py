@@ -340,9 +340,11 @@ def logits_cases():
                     source="triton_kernels.logits:rejection_sample_logits_kernel",
                     triton=dict(types=dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32",
                                            top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32",
-                                           token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32"),
+                                           token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32",
+                                           bonus_ptr="*i64", rates_ptr="*fp32"),
                                 constexprs=dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, HAS_K=False,
-                                                HAS_P=top_p, HAS_MIN_P=False, LOGPROBS=False, BLOCK_K=8,
+                                                HAS_P=top_p, HAS_MIN_P=False, LOGPROBS=False, HAS_BONUS=False,
+                                                HAS_RATES=False, BLOCK_K=8,
                                                 vocab=V, BLOCK=1024),
                                 num_warps=4),
                     grid=lambda res: (batch, 1), **common))
