@@ -271,15 +271,38 @@ def attention_cases():
         elems_per_trip=64 / 128)]  # BLOCK_N keys per trip over 4 warps
 
 
+def _logits_parts(res, batch=64):
+    """Mirror of csrc/logits/logits_split.h logits_split_for: blocks per request of the split chain kernel, a
+    power of two up to vthreads / threads (1024 / 128 = 8 at V = 128256), with the whole batch resident."""
+    threads = res["threads"] or 128
+    resident = SMS * blocks_per_sm(res["regs"], res["shared"], threads)
+    parts = 1
+    while 2 * parts <= 1024 // threads and batch * 2 * parts <= resident:
+        parts *= 2
+    return parts
+
+
+def _logits_unit_temperature_loop(text):
+    """The split kernel's exp-sum at temperature 1 (the scenario: no temperature tensor): the sweep without the
+    division by T (split_sum_sweep<.., kUnitT = true>, no MUFU.RCP); the max and race loops pass as they are."""
+    return "MUFU.EX2" not in text or PHILOX_CONSTANT in text or "MUFU.RCP" not in text
+
+
 def logits_cases():
     """Chain verification from logits (rejection_sample_logits) B=64 K=4 V=128256 bf16, all drafts accepted.
 
     All accepted is the worst case in rows: verification must read every one of the K+1 rows (bf16, V x 2
-    bytes each: the minimum), each row's statistics are computed, then the bonus row's race runs. Both
-    kernels are one block (program) per request and walk a row in sequential passes, each reading the row
-    once more: without filters (temperature 1) the max, then the kept mass; with top-p 0.9 also the radix
-    select (CUDA: 4 passes of 8 bits by mass; Triton: the kept mass, then 8 passes of 4 bits); then one race
-    over the bonus row. Scalar reads: the draft's logit (and q(x) with draft probs, bf16) per draft row."""
+    bytes each: the minimum), each row's statistics are computed, then the bonus row's race runs. Every pass
+    reads the row once more: without filters (temperature 1) the max, then the kept mass; with top-p 0.9 also
+    the radix select (CUDA: 4 passes of 8 bits by mass; Triton: the kept mass, then 8 passes of 4 bits); then
+    one race over the bonus row. Scalar reads: the draft's logit (and q(x) with draft probs, bf16) per draft row.
+
+    CUDA without filter tensors (logits_kernels.cu rejection_sample_logits_split_kernel): every pass of a
+    request is split over `parts` blocks (_logits_parts); each pass writes the blocks' partials (32 B each)
+    and 32 virtual-warp sums to the workspace and reads them back after the request's barrier. Not
+    modelled: the barrier's wait (about 2 x LATENCY_S per pass that is not the kernel's last) and L2 hits
+    on the row a pass re-reads right after the previous one (64 rows of 256 KB: L2-resident on an H200).
+    CUDA with top-p: one block per request (rejection_sample_logits_kernel). Triton: one program per request."""
     cases = []
     batch, rows = 64, K + 1
     row_bytes = V * 2
@@ -302,7 +325,14 @@ def logits_cases():
                           bytes_moved=batch * passes * row_bytes + scalars, min_bytes=batch * rows * row_bytes,
                           elems_per_pass=V, items=batch, passes=passes, phases=phases,
                           measure=_measure_logits(has_q, top_p, backend))
-            if backend == "cuda":
+            if backend == "cuda" and not top_p:
+                workspace = passes * 2 * (8 * 32 + 32 * 4)  # per request: partials and virtual-warp sums, w + r
+                common["bytes_moved"] += batch * workspace
+                cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",
+                                  function=r"36rejection_sample_logits_split_kernelI13__nv_bfloat16S\d_E",
+                                  grid=lambda res: (batch * _logits_parts(res), _logits_parts(res)),
+                                  loop_pick=_logits_unit_temperature_loop, **common))
+            elif backend == "cuda":
                 cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",
                                   function=r"30rejection_sample_logits_kernelI13__nv_bfloat16S\d_E", **common))
             else:
@@ -311,7 +341,8 @@ def logits_cases():
                     source="triton_kernels.logits:rejection_sample_logits_kernel",
                     triton=dict(types=dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32",
                                            top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32",
-                                           token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32"),
+                                           token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32",
+                                           bonus_ptr="*i64", rates_ptr="*fp32"),
                                 constexprs=dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, HAS_K=False,
                                                 HAS_P=top_p, HAS_MIN_P=False, LOGPROBS=False, HAS_BONUS=False,
                                                 HAS_RATES=False, BLOCK_K=8,

@@ -1011,6 +1011,54 @@ def test_cuda_graph_capture_and_replay():
         assert torch.equal(out.token_ids, call(args, "cuda").token_ids)
 
 
+def _unfiltered(args, temperature):
+    """Filters off by absence (the CUDA split kernel) and by value (top_p = 1: the single-block kernel)."""
+    absent = dict(args, temperature=temperature, top_k=None, top_p=None, min_p=None)
+    by_value = dict(absent, top_p=torch.ones(temperature.shape[0], device=temperature.device))
+    return absent, by_value
+
+
+def _assert_identical(a, b):
+    assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.num_accepted, b.num_accepted)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("vocab,batch", [(1025, 8), (128256, 64), (151936, 200), (40, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_split_kernel_equals_single_block_bit_for_bit(draft_probs, vocab, batch, dtype):
+    """Batches without filter tensors run the split kernel (several blocks per request); the same batch
+    with top_p = 1 runs the single-block kernel: same tokens, counts and logprobs bit for bit (the kept mass
+    rounds in the same order, logits_split.h). Temperatures mix greedy, 1 and others."""
+    args = _to(make_batch(batch, 4, vocab, draft_probs=draft_probs, dtype=dtype, seed=vocab + batch), "cuda")
+    temperature = torch.tensor([0.0, 1.0, 0.7, 1.3], device="cuda").repeat(batch)[:batch]
+    absent, by_value = _unfiltered(args, temperature)
+    _assert_identical(call(absent, "cuda"), call(by_value, "cuda"))
+    packed_absent, packed_value = (_to(to_packed(_to(a, "cpu")), "cuda") for a in (absent, by_value))
+    _assert_identical(call_packed(packed_absent, "cuda", k=4), call_packed(packed_value, "cuda", k=4))
+    # every draft rejected at once (the residual race on row 0) and all accepted (the bonus race)
+    for ids in (args["draft_token_ids"].neg().sub(1), args["target_logits"][:, :4].float().argmax(-1)):
+        a, v = dict(absent, draft_token_ids=ids), dict(by_value, draft_token_ids=ids)
+        _assert_identical(call(a, "cuda"), call(v, "cuda"))
+
+
+@pytest.mark.cuda
+def test_cuda_split_kernel_graph_capture_and_replay():
+    args = _to(make_batch(64, 4, 32000, seed=5, dtype=torch.bfloat16), "cuda")
+    absent, _ = _unfiltered(args, torch.ones(64, device="cuda"))
+    call(absent, "cuda")  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(absent, "cuda")
+    for _ in range(3):
+        absent["offsets"].add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_identical(out, call(absent, "cuda"))
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

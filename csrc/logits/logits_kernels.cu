@@ -12,6 +12,11 @@
 //      p = e / S (or max(p - q, 0)), the arithmetic of rejection_kernels.cu.
 // Rows after the first rejection are never read. The tree kernel walks the tree as
 // tree_verify_kernels.cu does, entering a node's row statistics when the walk reaches it.
+// Chain batches without filter tensors (top_k, top_p, min_p all absent) run
+// rejection_sample_logits_split_kernel instead when the device fits more than one block per
+// request: steps 1, 3 and 4 split over several blocks per request (logits_split.h), with the
+// same outputs bit for bit (the kept mass rounds in the single-block kernel's order; argmaxes
+// and races merge exactly over any partition). Batches with filters keep one block per request.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -21,9 +26,11 @@
 #include "../common/philox.h"
 #include "../common/sampling_cuda.cuh"
 #include "../common/sampling_math.h"
+#include "../common/vocab_split.h"
 #include "../tree_verify/tree_verify_math.h"
 #include "logits_math.h"
 #include "logits_params.h"
+#include "logits_split.h"
 
 namespace specdec {
 namespace {
@@ -313,6 +320,323 @@ __global__ void __launch_bounds__(kMaxThreads) rejection_sample_logits_kernel(co
   if (threadIdx.x == 0) p.num_accepted[b] = static_cast<int32_t>(k);
 }
 
+// ---- Split chain kernel: batches without filters (top_k, top_p and min_p all absent) ----
+// Grid (B, parts), kSplitThreads threads (logits_split.h). Every block of a request runs the same
+// chain walk as rejection_sample_logits_kernel; each vocab-wide step is a pass in which every
+// block sweeps its share of the row, writes a partial into the workspace, meets the request's
+// other blocks at a barrier (request arrival counter; the launch is cooperative, so they are
+// resident together) and merges all partials itself in the same order: every block sees the same
+// statistics and takes the same branches. Block 0 writes the outputs.
+struct SplitShared {
+  ArgMax argmax[32];
+  ArgMax a, b;
+  float sum;
+  int flag;
+};
+
+__device__ __forceinline__ float split_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(kFullMask, v, o);
+  return v;
+}
+
+// Block-wide argmax with `pad` for the lanes past the last warp; every thread gets the result.
+__device__ __forceinline__ ArgMax split_block_argmax(ArgMax a, ArgMax pad, SplitShared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  a = cuda::warp_argmax(a);
+  if (lane == 0) sh.argmax[warp] = a;
+  __syncthreads();
+  if (warp == 0) {
+    a = cuda::warp_argmax(lane < static_cast<int>(blockDim.x >> 5) ? sh.argmax[lane] : pad);
+    if (lane == 0) sh.argmax[0] = a;
+  }
+  __syncthreads();
+  const ArgMax result = sh.argmax[0];
+  __syncthreads();
+  return result;
+}
+
+// Wait until every block of the request has written pass `pass` (1, 2, ...): the counter counts
+// block arrivals over the whole walk, pass k is complete at parts * k; the last block to arrive
+// goes on without polling. A buffer is reused two passes later, after every block has passed the
+// barrier in between, i.e. after every block has finished reading it.
+__device__ __forceinline__ void split_barrier(unsigned* counter, int parts, unsigned pass) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned target = static_cast<unsigned>(parts) * pass;
+    if (atomicAdd(counter, 1u) + 1u < target)
+      while (*static_cast<volatile unsigned*>(counter) < target) {
+#if __CUDA_ARCH__ >= 700
+        __nanosleep(64);
+#endif
+      }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+struct SplitCtx {
+  LogitsSplit l;
+  int64_t part;
+  char* request_ws;
+  unsigned* counter;
+  unsigned passes;
+};
+
+__device__ __forceinline__ float* split_next_buffer(SplitCtx& c) {
+  ++c.passes;
+  return reinterpret_cast<float*>(c.request_ws + (c.passes & 1) * split_buffer_bytes(c.l.parts));
+}
+
+// Writes this block's partial (a, b: already block-wide), meets the other blocks, and merges
+// every part's partial in part order (pads: the empty argmaxes). Returns through sh.a / sh.b.
+__device__ __forceinline__ void split_exchange(SplitCtx& c, float* buf, ArgMax a, ArgMax b, ArgMax pad, SplitShared& sh) {
+  SplitPartial* slots = reinterpret_cast<SplitPartial*>(buf + 32);
+  if (threadIdx.x == 0) slots[c.part] = SplitPartial{a.score, b.score, a.index, b.index};
+  split_barrier(c.counter, c.l.parts, c.passes);
+  if (threadIdx.x < 32) {
+    ArgMax ma = pad, mb = pad;
+    for (int q = threadIdx.x; q < c.l.parts; q += 32) {
+      const SplitPartial* s = slots + q;
+      ma = argmax_merge(ma, ArgMax{__ldcg(&s->score_a), static_cast<int64_t>(__ldcg(
+                                                            reinterpret_cast<const long long*>(&s->index_a)))});
+      mb = argmax_merge(mb, ArgMax{__ldcg(&s->score_b), static_cast<int64_t>(__ldcg(
+                                                            reinterpret_cast<const long long*>(&s->index_b)))});
+    }
+    ma = cuda::warp_argmax(ma);
+    mb = cuda::warp_argmax(mb);
+    if (threadIdx.x == 0) {
+      sh.a = ma;
+      sh.b = mb;
+    }
+  }
+  __syncthreads();
+}
+
+// Pass: max and first argmax of the row's logits (rejection_sample_logits_kernel's row_stats step 1).
+// A thread visits its entries in increasing index order, so a tie never replaces its best (one
+// comparison per entry); a thread whose entries are all -inf (or NaN) reports its first one, as the
+// single-block kernel's argmax_update does from logit_argmax_init. kAligned: 8-byte (half types) or
+// 16-byte (fp32) loads of 4 entries.
+template <bool kAligned, typename T>
+__device__ __forceinline__ ArgMax split_max_sweep(const T* __restrict__ row, int64_t V, GroupRange range) {
+  const int64_t stride = blockDim.x, full = V / 4;  // groups [0, full) lie wholly inside the row
+  const int64_t end = range.end < full ? range.end : full;
+  float best_x = -INFINITY;
+  int64_t best_i = -1;
+  int64_t g = range.begin + threadIdx.x;
+  constexpr int U = 4;  // groups in flight per thread
+  for (; g + (U - 1) * stride < end; g += U * stride) {
+    float v[U][4];
+#pragma unroll
+    for (int k = 0; k < U; ++k) cuda::load4_full<kAligned>(row, 4 * (g + k * stride), v[k]);
+#pragma unroll
+    for (int k = 0; k < U; ++k)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float x = logit_value(v[k][j]);
+        if (x > best_x) {
+          best_x = x;
+          best_i = 4 * (g + k * stride) + j;
+        }
+      }
+  }
+  for (; g < range.end; g += stride)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (4 * g + j >= V) break;
+      const float x = load_logit(row, 4 * g + j);
+      if (x > best_x) {
+        best_x = x;
+        best_i = 4 * g + j;
+      }
+    }
+  if (best_i >= 0) return ArgMax{best_x, best_i};
+  if (range.begin + threadIdx.x < range.end) return ArgMax{-INFINITY, 4 * (range.begin + threadIdx.x)};
+  return logit_argmax_init();
+}
+
+template <typename T>
+__device__ __forceinline__ ArgMax split_max(const T* row, int64_t V, SplitCtx& c, SplitShared& sh) {
+  float* buf = split_next_buffer(c);
+  const GroupRange range = vocab_part(V, c.l.parts, c.part);
+  ArgMax best = cuda::aligned4(row) ? split_max_sweep<true>(row, V, range) : split_max_sweep<false>(row, V, range);
+  best = split_block_argmax(best, logit_argmax_init(), sh);
+  split_exchange(c, buf, best, logit_argmax_init(), logit_argmax_init(), sh);
+  return sh.a;
+}
+
+// Pass: sum of exp((x - m) / T) over the row, rounded as the single-block kernel's block_sum
+// (virtual threads, logits_split.h). T = 1 gives the greedy logprob's sum of exp(x - m) bit for
+// bit ((x - m) / 1 is exact).
+// kUnitT: temperature 1, where (x - m) / 1 is x - m exactly: the division is left out.
+template <int kVThreads, bool kUnitT, typename T>
+__device__ __forceinline__ void split_sum_sweep(const T* __restrict__ row, int64_t V, float m, float temperature,
+                                                const SplitCtx& c, float* vsum) {
+  constexpr int U = 16;  // entries of one virtual thread in flight
+  const int64_t vthreads = kVThreads ? kVThreads : c.l.vthreads;
+  for (int h = 0; h < c.l.per_thread; ++h) {
+    const int64_t first = split_first_vthread(c.l, c.part, h);
+    int64_t i = first + threadIdx.x;
+    float s = 0.f;
+    for (; i + (U - 1) * vthreads < V; i += U * vthreads) {
+      float x[U];
+#pragma unroll
+      for (int k = 0; k < U; ++k) x[k] = load_logit(row, i + k * vthreads);
+#pragma unroll
+      for (int k = 0; k < U; ++k) s += exp_f(kUnitT ? x[k] - m : scaled_logit(x[k], m, temperature));
+    }
+    for (; i < V; i += vthreads) {
+      const float x = load_logit(row, i);
+      s += exp_f(kUnitT ? x - m : scaled_logit(x, m, temperature));
+    }
+    s = split_warp_sum(s);
+    if ((threadIdx.x & 31) == 0) vsum[(first + threadIdx.x) >> 5] = s;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float split_sum(const T* row, int64_t V, float m, float temperature, SplitCtx& c, SplitShared& sh) {
+  float* buf = split_next_buffer(c);
+  if (temperature == 1.f) {
+    if (c.l.vthreads == kMaxThreads) split_sum_sweep<kMaxThreads, true>(row, V, m, temperature, c, buf);
+    else split_sum_sweep<0, true>(row, V, m, temperature, c, buf);
+  } else {
+    if (c.l.vthreads == kMaxThreads) split_sum_sweep<kMaxThreads, false>(row, V, m, temperature, c, buf);
+    else split_sum_sweep<0, false>(row, V, m, temperature, c, buf);
+  }
+  split_exchange(c, buf, argmax_init(), argmax_init(), argmax_init(), sh);
+  if (threadIdx.x < 32) {
+    // The single-block kernel's last step: the shuffle tree over the warp sums.
+    const float v = threadIdx.x < static_cast<unsigned>(c.l.vthreads >> 5) ? __ldcg(buf + threadIdx.x) : 0.f;
+    const float total = split_warp_sum(v);
+    if (threadIdx.x == 0) sh.sum = total;
+  }
+  __syncthreads();
+  const float total = sh.sum;
+  __syncthreads();
+  return total;
+}
+
+// Pass: row_race over this block's groups; the residual and p races merge separately.
+template <typename T, typename Q>
+__device__ __forceinline__ int64_t split_race(const T* row, const Q* q_row, int64_t draft, bool residual, int64_t V,
+                              const RowStats& r, float temperature, uint64_t seed, uint64_t offset, uint32_t position,
+                              SplitCtx& c, SplitShared& sh) {
+  float* buf = split_next_buffer(c);
+  const GroupRange range = vocab_part(V, c.l.parts, c.part);
+  const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
+  ArgMax best_p = argmax_init(), best_r = argmax_init();
+  for (int64_t g = range.begin + threadIdx.x; g < range.end; g += blockDim.x) {
+    const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = 4 * g + j;
+      if (i >= V) break;
+      const float p = stats_prob(load_logit(row, i), r, temperature);
+      race_update(best_p, p, bits.x[j], i);
+      if (residual) {
+        const float q = q_row != nullptr ? to_float(q_row[i]) : (i == draft ? 1.f : 0.f);
+        race_update(best_r, residual_mass(p, q), bits.x[j], i);
+      }
+    }
+  }
+  best_p = split_block_argmax(best_p, argmax_init(), sh);
+  best_r = split_block_argmax(best_r, argmax_init(), sh);
+  split_exchange(c, buf, best_p, best_r, argmax_init(), sh);
+  const ArgMax p_win = sh.a, r_win = sh.b;
+  __syncthreads();
+  if (!residual) return p_win.index;
+  return r_win.score > 0.f ? r_win.index : p_win.index;
+}
+
+template <typename T, typename Q>
+__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sample_logits_split_kernel(const LogitsRejectionParams p,
+                                                                                     const LogitsSplit layout) {
+  __shared__ SplitShared sh;
+  const int64_t b = blockIdx.x, V = p.vocab;
+  const bool leader = blockIdx.y == 0;
+  const LogitsRequestRows rows = logits_request_rows(p, b);
+  const int64_t n = rows.num_drafts;
+  const RowSampling s = row_sampling(p.sampling.temperature, nullptr, nullptr, nullptr, b, V);
+  const T* logits = static_cast<const T*>(p.target_logits);
+  const Q* draft = static_cast<const Q*>(p.draft_probs);
+  const int64_t* ids = p.draft_token_ids + rows.draft_base;
+  const uint64_t seed = static_cast<uint64_t>(p.seeds[b]);
+  const uint64_t offset = static_cast<uint64_t>(p.offsets[b]);
+  int64_t* out = p.token_ids + b * (p.max_draft + 1);
+  float* lp = p.logprobs != nullptr ? p.logprobs + b * (p.max_draft + 1) : nullptr;
+  char* ws = static_cast<char*>(p.workspace);
+  SplitCtx c{layout, static_cast<int64_t>(blockIdx.y),
+             ws + split_counter_bytes(p.batch) + b * 2 * split_buffer_bytes(layout.parts),
+             reinterpret_cast<unsigned*>(ws) + b, 0u};
+
+  int64_t k = 0, final_token = 0;
+  for (;; ++k) {
+    const bool is_draft = k < n;
+    if (!is_draft && p.bonus_token_ids != nullptr) break;  // the bonus row is not read (it may be absent)
+    const T* row = logits + (rows.target_base + k) * V;
+    const ArgMax mx = split_max(row, V, c, sh);
+    RowStats r{mx.score, mx.index, 0u, 0.f};  // no filters: tau 0 keeps every entry
+    if (!row_is_greedy(s) && r.m > -INFINITY) r.total = split_sum(row, V, r.m, s.temperature, c, sh);
+    const int64_t x = is_draft ? ids[k] : -1;
+    if (threadIdx.x == 0) {
+      bool ok = false;
+      if (is_draft && p.synthetic_rates != nullptr) {
+        ok = draft_in_vocab(x, V) &&
+             synthetic_accept(philox_uniform(seed, offset, static_cast<uint32_t>(k), kPurposeAccept, 0),
+                              p.synthetic_rates[k]);
+      } else if (is_draft && row_is_greedy(s)) {
+        ok = x == r.argmax;
+      } else if (is_draft && draft_in_vocab(x, V)) {
+        const float u = philox_uniform(seed, offset, static_cast<uint32_t>(k), kPurposeAccept, 0);
+        const float q_x = draft != nullptr ? to_float(draft[(rows.draft_base + k) * V + x]) : 1.f;
+        ok = accept_draft(u, stats_prob(load_logit(row, x), r, s.temperature), q_x);
+      }
+      sh.flag = ok;
+    }
+    __syncthreads();
+    const bool accepted = sh.flag != 0;
+    __syncthreads();
+    int64_t token = x;
+    if (!accepted) {
+      if (row_is_greedy(s)) {
+        token = r.argmax;
+      } else {
+        const Q* q_row = is_draft && draft != nullptr ? draft + (rows.draft_base + k) * V : nullptr;
+        token = split_race(row, q_row, x, is_draft, V, r, s.temperature, seed, offset, static_cast<uint32_t>(k), c, sh);
+      }
+    }
+    if (lp != nullptr) {
+      float value;
+      if (row_is_greedy(s)) {
+        // token_logprob's greedy branch: log_softmax of the raw logits.
+        value = r.m > -INFINITY ? (load_logit(row, token) - r.m) - log_f(split_sum(row, V, r.m, 1.f, c, sh))
+                                : -INFINITY;
+      } else if (!(r.total > 0.f)) {
+        value = -INFINITY;
+      } else {
+        const float z = scaled_logit(load_logit(row, token), r.m, s.temperature);
+        value = processed_logprob(z, order_key(z), r.tau, log_f(r.total));
+      }
+      if (leader && threadIdx.x == 0) lp[k] = value;
+    }
+    if (!accepted) {
+      final_token = token;
+      break;
+    }
+  }
+  if (!leader) return;
+  const bool external_bonus = k == n && p.bonus_token_ids != nullptr;  // its logprob is NaN
+  if (external_bonus) final_token = external_bonus_token(p.bonus_token_ids, b, V);
+  for (int64_t j = threadIdx.x; j <= p.max_draft; j += blockDim.x) {
+    out[j] = j < k ? ids[j] : (j == k ? final_token : -1);
+    if (lp != nullptr && (j > k || (j == k && external_bonus))) lp[j] = NAN;
+  }
+  if (threadIdx.x == 0) p.num_accepted[b] = static_cast<int32_t>(k);
+}
+
 // Tree walk of logits_cpu.cpp tree_request (tree_verify_math.h) with one block per request:
 // every thread runs the same scalar walk (all branch conditions are block-uniform: they
 // depend on block reductions and on the workspace, written by thread 0 before a barrier);
@@ -468,7 +792,73 @@ cudaError_t launch_process_logits_cuda(const ProcessLogitsParams& params, cudaSt
   return cudaGetLastError();
 }
 
+namespace {
+
+// Batches without filter tensors take the split kernel (the filters' threshold search keeps one
+// block per request: rejection_sample_logits_kernel).
+bool split_applies(const LogitsRejectionParams& params) {
+  return params.sampling.top_k == nullptr && params.sampling.top_p == nullptr && params.sampling.min_p == nullptr;
+}
+
+template <typename F>
+cudaError_t with_split_kernel(const LogitsRejectionParams& params, F&& f) {
+  auto pick = [&](auto t, auto q) { return f(rejection_sample_logits_split_kernel<decltype(t), decltype(q)>); };
+  switch (params.dtype) {
+    case ProbDType::kFloat32: return pick(float{}, float{});
+    case ProbDType::kFloat16:
+      return params.draft_float32 ? pick(__half{}, float{}) : pick(__half{}, __half{});
+    case ProbDType::kBFloat16:
+      return params.draft_float32 ? pick(__nv_bfloat16{}, float{}) : pick(__nv_bfloat16{}, __nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+// The split layout on the current device (parts 1: the single-block kernel runs). The blocks of a
+// request wait for each other, so the whole batch must be resident: a cooperative launch checks it.
+LogitsSplit split_layout_for(const LogitsRejectionParams& params) {
+  const int vthreads = cuda::threads_for_vocab(params.vocab);
+  int64_t resident = 0;
+  int device = 0, sms = 0, cooperative = 0, per_sm = 0;
+  if (split_applies(params) && params.batch > 0 &&
+      cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) == cudaSuccess && cooperative &&
+      with_split_kernel(params, [&](auto kernel) {
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                             vthreads < kSplitThreads ? vthreads : kSplitThreads, 0);
+      }) == cudaSuccess) {
+    resident = static_cast<int64_t>(sms) * per_sm;
+  } else {
+    (void)cudaGetLastError();  // a failed query leaves one block per request
+  }
+  return logits_split_for(vthreads, params.batch, resident);
+}
+
+}  // namespace
+
+size_t rejection_sample_logits_cuda_workspace_bytes(const LogitsRejectionParams& params) {
+  const LogitsSplit layout = split_layout_for(params);
+  return layout.parts > 1 ? static_cast<size_t>(split_workspace_bytes(params.batch, layout.parts)) : 0;
+}
+
 cudaError_t launch_rejection_sample_logits_cuda(const LogitsRejectionParams& params, cudaStream_t stream) {
+  if (params.batch == 0) return cudaSuccess;
+  const LogitsSplit layout = split_layout_for(params);
+  if (layout.parts > 1) {
+    if (params.workspace == nullptr) return cudaErrorInvalidValue;
+    const cudaError_t zeroed = cudaMemsetAsync(params.workspace, 0, split_counter_bytes(params.batch), stream);
+    if (zeroed != cudaSuccess) return zeroed;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(params.batch), static_cast<unsigned>(layout.parts));
+    config.blockDim = dim3(static_cast<unsigned>(layout.threads));
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeCooperative;
+    attribute[0].val.cooperative = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    return with_split_kernel(params, [&](auto kernel) { return cudaLaunchKernelEx(&config, kernel, params, layout); });
+  }
   const dim3 grid(static_cast<unsigned>(params.batch));
   const dim3 block(cuda::threads_for_vocab(params.vocab));
   auto launch = [&](auto t, auto q) {

@@ -17,6 +17,7 @@
 namespace specdec {
 cudaError_t launch_process_logits_cuda(const ProcessLogitsParams& params, cudaStream_t stream);
 cudaError_t launch_rejection_sample_logits_cuda(const LogitsRejectionParams& params, cudaStream_t stream);
+size_t rejection_sample_logits_cuda_workspace_bytes(const LogitsRejectionParams& params);
 cudaError_t launch_tree_rejection_sample_logits_cuda(const LogitsTreeParams& params, cudaStream_t stream);
 }
 #endif
@@ -218,11 +219,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_chain(
   p.token_ids = token_ids.mutable_data_ptr<int64_t>();
   p.num_accepted = num_accepted.mutable_data_ptr<int32_t>();
   p.logprobs = return_logprobs ? logprobs.mutable_data_ptr<float>() : nullptr;
+  p.workspace = nullptr;
   if (target.is_cpu()) {
     rejection_sample_logits_cpu(p);
   } else {
 #ifdef SPECDEC_WITH_CUDA
     const c10::cuda::CUDAGuard guard(target.device());
+    // Per-call partials and arrival counters of the split kernel (batches without filters).
+    const size_t bytes = rejection_sample_logits_cuda_workspace_bytes(p);
+    at::Tensor workspace;
+    if (bytes > 0) {
+      workspace = at::empty({static_cast<int64_t>(bytes)}, target.options().dtype(at::kByte));
+      p.workspace = workspace.mutable_data_ptr();
+    }
     C10_CUDA_CHECK(launch_rejection_sample_logits_cuda(p, at::cuda::getCurrentCUDAStream()));
 #else
     TORCH_CHECK(false, "specdec_ops was built without CUDA kernels");

@@ -52,6 +52,7 @@ struct LogitsRejectionParams {
   int64_t* token_ids;              // out [B, K + 1]
   int32_t* num_accepted;           // out [B]
   float* logprobs;                 // out [B, K + 1] or nullptr
+  void* workspace;                 // CUDA only: rejection_sample_logits_cuda_workspace_bytes(params) bytes
 };
 
 // Tree verification from logits ([B, N, V]).

@@ -4,12 +4,16 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "check.h"
 #include "logits/logits_math.h"
 #include "logits/logits_params.h"
+#include "logits/logits_split.h"
+#include "common/vocab_split.h"
 
 using namespace specdec;
 
@@ -180,6 +184,152 @@ static void test_engine_keyword_helpers() {
   CHECK(external_bonus_token(bonus, 2, 10) == 9 && external_bonus_token(bonus, 3, 10) == 3);
 }
 
+
+// ---- Host replay of the split chain kernel (logits_kernels.cu, rejection_sample_logits_split_kernel)
+// against the single-block kernel (rejection_sample_logits_kernel) on many random rows: the kept mass
+// S (and the greedy logprob's sum, the same code with T = 1) must round bit for bit as before, and the
+// split max/argmax must pick the same entry.
+
+static int vthreads_for(int64_t vocab) {  // cuda::threads_for_vocab (sampling_cuda.cuh)
+  int threads = 32;
+  while (threads < 1024 && 4 * static_cast<int64_t>(threads) < vocab) threads *= 2;
+  return threads;
+}
+
+// __shfl_down_sync tree over 32 lanes (a lane whose source is past lane 31 keeps its own value): lane 0.
+static float shfl_down_tree(std::vector<float> v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    std::vector<float> next(32);
+    for (int l = 0; l < 32; ++l) next[l] = v[l] + (l + o < 32 ? v[l + o] : v[l]);
+    v = next;
+  }
+  return v[0];
+}
+
+static float entry_mass(const std::vector<float>& row, int64_t i, float m, float t) {
+  return exp_f(scaled_logit(logit_value(row[i]), m, t));
+}
+
+// rejection_sample_logits_kernel: row_stats' loop, then block_sum with blockDim = vthreads.
+static float single_block_sum(const std::vector<float>& row, float m, float t, std::vector<float>& warp_sums) {
+  const int64_t V = static_cast<int64_t>(row.size());
+  const int threads = vthreads_for(V), warps = threads / 32;
+  warp_sums.assign(32, 0.f);
+  for (int w = 0; w < warps; ++w) {
+    std::vector<float> lanes(32);
+    for (int lane = 0; lane < 32; ++lane) {
+      float part = 0.f;
+      for (int64_t i = 32 * w + lane; i < V; i += threads) part += entry_mass(row, i, m, t);
+      lanes[lane] = part;
+    }
+    warp_sums[w] = shfl_down_tree(lanes);
+  }
+  return shfl_down_tree(warp_sums);  // lanes past the last warp read 0
+}
+
+// rejection_sample_logits_split_kernel: split_sum_sweep (its unrolled loop, U = 16) in every block,
+// the virtual-warp sums in the workspace, the final tree in split_sum.
+static float split_block_sum(const std::vector<float>& row, float m, float t, const LogitsSplit& l,
+                             std::vector<float>& vsum) {
+  constexpr int U = 16;
+  const int64_t V = static_cast<int64_t>(row.size()), vthreads = l.vthreads;
+  vsum.assign(32, 0.f);
+  std::vector<int> written(32, 0);
+  for (int64_t part = 0; part < l.parts; ++part)
+    for (int h = 0; h < l.per_thread; ++h) {
+      const int64_t first = split_first_vthread(l, part, h);
+      for (int w = 0; w < l.threads / 32; ++w) {
+        std::vector<float> lanes(32);
+        for (int lane = 0; lane < 32; ++lane) {
+          int64_t i = first + 32 * w + lane;
+          float s = 0.f;
+          for (; i + (U - 1) * vthreads < V; i += U * vthreads) {
+            float x[U];
+            for (int k = 0; k < U; ++k) x[k] = logit_value(row[i + k * vthreads]);
+            for (int k = 0; k < U; ++k) s += exp_f(scaled_logit(x[k], m, t));
+          }
+          for (; i < V; i += vthreads) s += entry_mass(row, i, m, t);
+          lanes[lane] = s;
+        }
+        const int64_t slot = (first + 32 * w) >> 5;
+        CHECK(slot >= 0 && slot < vthreads / 32);
+        if (slot < 0 || slot >= 32) continue;
+        vsum[slot] = shfl_down_tree(lanes);
+        ++written[slot];
+      }
+    }
+  std::vector<float> lanes(32);
+  for (int lane = 0; lane < 32; ++lane) {
+    if (lane < vthreads / 32) CHECK(written[lane] == 1);  // every virtual warp exactly once
+    lanes[lane] = lane < vthreads / 32 ? vsum[lane] : 0.f;
+  }
+  return shfl_down_tree(lanes);
+}
+
+// split_max: each block a contiguous range of groups (vocab_part), its threads striding over them,
+// merged in part order; ties keep the first index. Returns the merged (max, argmax).
+static std::pair<float, int64_t> split_argmax(const std::vector<float>& row, const LogitsSplit& l) {
+  const int64_t V = static_cast<int64_t>(row.size());
+  ArgMax merged{-INFINITY, INT64_MAX};
+  for (int64_t part = l.parts - 1; part >= 0; --part) {  // any order merges alike
+    const GroupRange range = vocab_part(V, l.parts, part);
+    for (int t = 0; t < l.threads; ++t) {
+      ArgMax best{-INFINITY, INT64_MAX};
+      for (int64_t g = range.begin + t; g < range.end; g += l.threads)
+        for (int j = 0; j < 4; ++j)
+          if (4 * g + j < V) argmax_update(best, logit_value(row[4 * g + j]), 4 * g + j);
+      merged = argmax_merge(merged, best);
+    }
+  }
+  return {merged.score, merged.index};
+}
+
+static void test_split_chain_kernel_replays_single_block() {
+  std::mt19937 gen(12);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  const int64_t resident_choices[] = {0, 1, 132 * 4, 528, 100000};
+  const int64_t big_vocabs[] = {128256, 151936, 32000, 49152};
+  int rows = 0, order_sensitive = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    // 24 rows of real vocab sizes (chains of ~125 entries: the kernel's unrolled loop), then small ones.
+    const int64_t V = trial < 24 ? big_vocabs[trial % 4] : 1 + static_cast<int64_t>(unit(gen) * 6000.f);
+    const float scale = trial % 3 == 0 ? 10.f : (trial % 3 == 1 ? 1.f : 0.1f);
+    std::vector<float> row(static_cast<size_t>(V));
+    for (auto& x : row) x = scale * normal(gen);
+    if (trial % 5 == 0) row[static_cast<size_t>(unit(gen) * (V - 1))] = NAN;        // sanitized to -inf
+    if (trial % 7 == 0) row[static_cast<size_t>(unit(gen) * (V - 1))] = INFINITY;   // to FLT_MAX
+    if (trial % 4 == 0) row[static_cast<size_t>(unit(gen) * (V - 1))] = row[0] = 30.f;  // a tie at the max
+    ArgMax ref{-INFINITY, INT64_MAX};
+    for (int64_t i = 0; i < V; ++i) argmax_update(ref, logit_value(row[i]), i);
+    const float t = trial % 2 == 0 ? 1.f : 0.7f;
+    std::vector<float> warp_sums, vsum;
+    const float single = single_block_sum(row, ref.score, t, warp_sums);
+    float sequential = 0.f;
+    for (int64_t i = 0; i < V; ++i) sequential += entry_mass(row, i, ref.score, t);
+    order_sensitive += std::memcmp(&sequential, &single, sizeof(float)) != 0;
+    for (const int64_t resident : resident_choices) {
+      const int64_t batch = 1 + static_cast<int64_t>(unit(gen) * 100.f);
+      const LogitsSplit l = logits_split_for(vthreads_for(V), batch, resident);
+      CHECK(l.threads * l.parts * l.per_thread == l.vthreads);
+      CHECK(resident == 0 || l.parts == 1 || batch * l.parts <= resident);
+      const float split = split_block_sum(row, ref.score, t, l, vsum);
+      CHECK(std::memcmp(&split, &single, sizeof(float)) == 0);  // bit for bit
+      CHECK(std::memcmp(vsum.data(), warp_sums.data(), 32 * sizeof(float)) == 0);  // and every warp's sum
+      const auto mx = split_argmax(row, l);
+      CHECK(mx.first == ref.score && mx.second == ref.index);
+      ++rows;
+    }
+  }
+  CHECK(rows == 2000);
+  CHECK(order_sensitive > 100);  // a plain sequential sum rounds differently: the replay can tell orders apart
+  // The reference layout: B = 64 on 132 SMs x 4 blocks: 8 parts of 128 threads, one virtual thread each.
+  const LogitsSplit h200 = logits_split_for(vthreads_for(128256), 64, 132 * 4);
+  CHECK(h200.vthreads == 1024 && h200.threads == 128 && h200.parts == 8 && h200.per_thread == 1);
+  CHECK(logits_split_for(1024, 200, 132 * 4).parts == 2);
+  CHECK(logits_split_for(64, 8, 528).threads == 64 && logits_split_for(64, 8, 528).parts == 1);
+}
+
 int main() {
   test_logit_value_sanitizes();
   test_order_key_preserves_order();
@@ -190,5 +340,6 @@ int main() {
   test_request_rows_clamp_bad_lengths();
   test_request_rows_without_bonus_rows();
   test_engine_keyword_helpers();
+  test_split_chain_kernel_replays_single_block();
   TEST_MAIN_END();
 }

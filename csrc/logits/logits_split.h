@@ -1,0 +1,75 @@
+// How the CUDA chain kernel from logits (logits_kernels.cu) splits a request's vocab-wide
+// passes over rows without filters across several thread blocks, as host/device functions so
+// that tests/cpp/test_logits.cpp can replay the split against the single-block kernel.
+// Plain C++17: no torch headers, compiles under g++ and nvcc.
+//
+// The single-block kernel runs `vthreads` = threads_for_vocab(V) threads per request; its sums
+// (the kept mass S of a row, the log-sum-exp of a greedy row's logprob) are rounded in one
+// fixed order: thread t adds the entries t, t + vthreads, t + 2 vthreads, ... in turn from 0,
+// then a warp-shuffle tree inside each warp (block_sum) and the same tree over the (<= 32) warp
+// sums, lanes past the last warp reading 0. The split keeps exactly that order by running the
+// single-block kernel's threads as "virtual threads": block `part` of `parts` holds the
+// contiguous virtual threads [part * per_thread * threads, (part + 1) * per_thread * threads),
+// each real thread running per_thread of them one after the other (round h: virtual thread
+// split_first_vthread(part, h) + threadIdx.x). Every virtual warp lies inside one real warp,
+// whose shuffle tree is then the single-block kernel's; the virtual-warp sums meet in a
+// per-call workspace and the final tree runs over them. So S rounds bit for bit as before.
+// The max/argmax and the race need no such care: an argmax (first index on ties) and a race
+// merge exactly over any partition of the row (csrc/common/vocab_split.h); those passes
+// give each block a contiguous range of Philox groups (vocab_part).
+#pragma once
+
+#include <cstdint>
+
+#include "../common/macros.h"
+
+namespace specdec {
+
+constexpr int kSplitThreads = 128;     // real threads per block of the split kernel (fewer for tiny vocabs)
+constexpr int kSplitBlocksPerSM = 4;  // launch bounds: <= 128 registers
+
+struct LogitsSplit {
+  int vthreads;    // threads_for_vocab(V): the single-block kernel's threads, the order its sums round in
+  int threads;     // real threads per block
+  int parts;       // blocks per request
+  int per_thread;  // virtual threads per real thread
+};
+
+// The layout of a batch of `batch` requests on a device holding `resident` blocks of the split
+// kernel at once: parts a power of two (so that they split the virtual warps evenly), at most
+// vthreads / threads, and at most what keeps the whole batch resident (one wave: the blocks of
+// a request wait for each other). parts == 1: the caller runs the single-block kernel instead.
+SPECDEC_HD LogitsSplit logits_split_for(int vthreads, int64_t batch, int64_t resident) {
+  LogitsSplit l;
+  l.vthreads = vthreads;
+  l.threads = vthreads < kSplitThreads ? vthreads : kSplitThreads;
+  l.parts = 1;
+  while (2 * l.parts <= vthreads / l.threads && batch * 2 * l.parts <= resident) l.parts *= 2;
+  l.per_thread = vthreads / (l.threads * l.parts);
+  return l;
+}
+
+// The first virtual thread that block `part` runs in round h (its real thread t runs first + t).
+SPECDEC_HD int64_t split_first_vthread(const LogitsSplit& l, int64_t part, int h) {
+  return (part * l.per_thread + h) * static_cast<int64_t>(l.threads);
+}
+
+// Per-call workspace of the split kernel: one arrival counter per request (zeroed on the
+// stream before the launch), then per request two pass buffers used in turn.
+struct SplitPartial {
+  float score_a;
+  float score_b;
+  int64_t index_a;
+  int64_t index_b;
+};
+
+SPECDEC_HD int64_t split_counter_bytes(int64_t batch) { return (batch * 4 + 15) / 16 * 16; }
+// A pass buffer: 32 virtual-warp sums, then one SplitPartial per part.
+SPECDEC_HD int64_t split_buffer_bytes(int64_t parts) {
+  return (4 * 32 + parts * static_cast<int64_t>(sizeof(SplitPartial)) + 15) / 16 * 16;
+}
+SPECDEC_HD int64_t split_workspace_bytes(int64_t batch, int64_t parts) {
+  return split_counter_bytes(batch) + batch * 2 * split_buffer_bytes(parts);
+}
+
+}  // namespace specdec
