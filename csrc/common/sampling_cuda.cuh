@@ -99,5 +99,27 @@ inline int threads_for_vocab(int64_t vocab) {
   return threads;
 }
 
+// Per-request barrier of a kernel that splits each request over `parts` blocks of a cooperative
+// launch (all of them resident): wait until every block of the request has arrived at pass `pass`
+// (1, 2, ...). `counter` counts block arrivals over the whole walk (zeroed on the stream by the
+// launcher: a per-call workspace, no global state), so pass k is complete at parts * k; the last
+// block to arrive goes on without polling. Each thread fences its own writes first; a block may
+// reuse a buffer two passes later, after every block has passed the barrier in between.
+__device__ __forceinline__ void request_barrier(unsigned* counter, int parts, unsigned pass) {
+  __threadfence();
+  __syncthreads();
+  if (parts > 1 && threadIdx.x == 0) {
+    const unsigned target = static_cast<unsigned>(parts) * pass;
+    if (atomicAdd(counter, 1u) + 1u < target)
+      while (*static_cast<volatile unsigned*>(counter) < target) {
+#if __CUDA_ARCH__ >= 700
+        __nanosleep(64);
+#endif
+      }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
 }  // namespace cuda
 }  // namespace specdec

@@ -356,26 +356,6 @@ __device__ __forceinline__ ArgMax split_block_argmax(ArgMax a, ArgMax pad, Split
   return result;
 }
 
-// Wait until every block of the request has written pass `pass` (1, 2, ...): the counter counts
-// block arrivals over the whole walk, pass k is complete at parts * k; the last block to arrive
-// goes on without polling. A buffer is reused two passes later, after every block has passed the
-// barrier in between, i.e. after every block has finished reading it.
-__device__ __forceinline__ void split_barrier(unsigned* counter, int parts, unsigned pass) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned target = static_cast<unsigned>(parts) * pass;
-    if (atomicAdd(counter, 1u) + 1u < target)
-      while (*static_cast<volatile unsigned*>(counter) < target) {
-#if __CUDA_ARCH__ >= 700
-        __nanosleep(64);
-#endif
-      }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
 struct SplitCtx {
   LogitsSplit l;
   int64_t part;
@@ -394,7 +374,7 @@ __device__ __forceinline__ float* split_next_buffer(SplitCtx& c) {
 __device__ __forceinline__ void split_exchange(SplitCtx& c, float* buf, ArgMax a, ArgMax b, ArgMax pad, SplitShared& sh) {
   SplitPartial* slots = reinterpret_cast<SplitPartial*>(buf + 32);
   if (threadIdx.x == 0) slots[c.part] = SplitPartial{a.score, b.score, a.index, b.index};
-  split_barrier(c.counter, c.l.parts, c.passes);
+  cuda::request_barrier(c.counter, c.l.parts, c.passes);
   if (threadIdx.x < 32) {
     ArgMax ma = pad, mb = pad;
     for (int q = threadIdx.x; q < c.l.parts; q += 32) {

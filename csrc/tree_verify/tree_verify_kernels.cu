@@ -256,29 +256,6 @@ __device__ Acc sweep(const T* __restrict__ p_row, const T* __restrict__ q_row, i
   return a;
 }
 
-// Every block of request b has written buffer `buf` of pass number `pass` (1, 2, ...):
-// wait for all of them. Each thread fences its own writes; the counter counts block
-// arrivals over the whole walk, so pass k is complete at parts * k. The last block to
-// arrive goes on without polling (the threadFenceReduction ticket), so a walk's final
-// pass ends as the chain kernel's last-block merge does. A block reuses a buffer two
-// passes later, after every block has passed the barrier in between, i.e. after every
-// block has finished reading it.
-__device__ void request_barrier(unsigned* counter, int parts, unsigned pass) {
-  __threadfence();
-  __syncthreads();
-  if (parts > 1 && threadIdx.x == 0) {
-    const unsigned target = static_cast<unsigned>(parts) * pass;
-    if (atomicAdd(counter, 1u) + 1u < target)
-      while (*static_cast<volatile unsigned*>(counter) < target) {
-#if __CUDA_ARCH__ >= 700
-        __nanosleep(64);
-#endif
-      }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
 // One pass over row(s) of request b: sweep, block partial, barrier, merge (every block
 // merges all parts in the same order; the sums through the single-block kernel's tree).
 template <int kKind, bool kM0, typename T>
