@@ -538,9 +538,17 @@ def _triton_process(logits, temperature, top_k, top_p, min_p):
     return probs
 
 
+# Chain verification without filters splits each row into chunks of this many entries (a multiple of the
+# tile): fixed here rather than sized from the GPU, so that the sums round the same on every device.
+SPLIT_CHUNK = 8192
+
+
 def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
-                  batch, max_draft, packed, bonus_rows, bonus_token_ids, rates):
-    from .triton_kernels.logits import rejection_sample_logits_kernel
+                  batch, max_draft, packed, bonus_rows, bonus_token_ids, rates, chunk=None, block=None):
+    """The Triton chain kernels: without filter tensors (top_k, top_p, min_p all None) the split pair
+    (chain_row_partials_kernel, then chain_walk_race_kernel over chunks of `chunk` entries, tiles of
+    `block`); with any filter the one-program-per-request kernel."""
+    from .triton_kernels.logits import chain_row_partials_kernel, chain_walk_race_kernel, rejection_sample_logits_kernel
 
     token_ids = target_logits.new_empty((batch, max_draft + 1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((batch,), dtype=torch.int32)
@@ -552,9 +560,36 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     vocab = target.shape[-1]
     ptrs, flags = _param_ptrs(target, params)
     bonus = ids if bonus_token_ids is None else bonus_token_ids.contiguous().to(torch.int64)
+    lengths = lengths.contiguous().to(torch.int64)
+    if all(p is None for p in params[1:]):
+        block = block or _block(vocab)
+        chunk = chunk or max(block, SPLIT_CHUNK)
+        if chunk % block or block % 4:
+            raise ValueError(f"chunk ({chunk}) must be a multiple of block ({block}), block of 4")
+        chunks = -(-vocab // chunk)
+        rows = batch * (max_draft + 1)
+        part_max = target.new_empty((rows, chunks), dtype=torch.float32)
+        part_arg = target.new_empty((rows, chunks), dtype=torch.int64)
+        part_sum = target.new_empty((rows, chunks), dtype=torch.float32)
+        race_score = target.new_empty((batch, 2, chunks), dtype=torch.float32)
+        race_index = target.new_empty((batch, 2, chunks), dtype=torch.int64)
+        tickets = torch.zeros((batch,), dtype=torch.int32, device=target.device)
+        common = dict(PACKED=packed, HAS_T=flags["HAS_T"], LOGPROBS=bool(return_logprobs),
+                      HAS_BONUS=bonus_token_ids is not None, CHUNKS=chunks, CHUNK=chunk, BLOCK=block)
+        chain_row_partials_kernel[(rows, chunks)](
+            target, lengths, ptrs[0], part_max, part_arg, part_sum, vocab, max_draft, ids.numel(), int(bonus_rows),
+            **common)
+        chain_walk_race_kernel[(batch, chunks)](
+            target, target if draft_probs is None else draft_probs.contiguous(), ids, lengths, seeds.contiguous(),
+            offsets.contiguous(), ptrs[0], part_max, part_arg, part_sum, race_score, race_index, tickets, token_ids,
+            num_accepted, logprobs if return_logprobs else target, bonus,
+            target if rates is None else rates.contiguous(), vocab, max_draft, ids.numel(), int(bonus_rows),
+            HAS_DRAFT_PROBS=draft_probs is not None, HAS_RATES=rates is not None, CHUNKS_P2=next_pow2(chunks),
+            BLOCK_K=next_pow2(max_draft + 1), **common)
+        return token_ids, num_accepted, logprobs
     rejection_sample_logits_kernel[(batch,)](
         target, target if draft_probs is None else draft_probs.contiguous(), ids,
-        lengths.contiguous().to(torch.int64), seeds.contiguous(), offsets.contiguous(), *ptrs, token_ids,
+        lengths, seeds.contiguous(), offsets.contiguous(), *ptrs, token_ids,
         num_accepted, logprobs if return_logprobs else target, bonus, target if rates is None else rates.contiguous(),
         vocab, max_draft, ids.numel(), int(bonus_rows),
         PACKED=packed, HAS_DRAFT_PROBS=draft_probs is not None, **flags, LOGPROBS=bool(return_logprobs),

@@ -1104,3 +1104,112 @@ def test_cuda_engine_keywords_equal_cpu(dtype):
         last = full.token_ids.gather(1, n[:, None].long())[:, 0]
         expected = torch.tensor([0, vocab - 1] * 12, device="cuda")
         assert torch.equal(last[done], expected[done])
+
+
+# ------------------------------------------------------------------------------- Triton chain split (no filters)
+
+
+def _split_cases():
+    """Requests that reach every branch of the split walk: greedy and sampled, a rejection at 0, at 2, a full
+    acceptance (bonus race), no drafts, an out-of-vocabulary draft, a row without a finite logit, NaN and inf
+    logits, and a draft row whose residual has no mass (q == p there: the race falls back to p)."""
+    g = torch.Generator().manual_seed(11)
+    batch, k, vocab = 9, 4, 203  # 203: not a multiple of the tile (16) nor of the chunk (48)
+    logits = torch.randn(batch, k + 1, vocab, generator=g) * 3
+    drafts = torch.randint(0, vocab, (batch, k), generator=g)
+    drafts[:5] = logits[:5, :k].argmax(-1)          # greedy requests 1, 3 accept; sampled ones often
+    drafts[4, 2] = vocab + 7                          # out of the vocabulary: rejected at 2
+    logits[5, 1] = float("-inf")                       # no finite logit on request 5's row 1
+    logits[2, 0] = float("-inf")                       # nor on request 2's bonus row: every score is 0, entry 0
+                                                       # wins (a combine preferring a later chunk on ties fails)
+    logits[6, 0, 17] = float("nan")
+    logits[6, 0, 150] = float("inf")                   # the maximum sits in a later chunk
+    num = torch.tensor([4, 4, 0, 3, 4, 4, 2, 4, 1])
+    temperature = torch.tensor([1.0, 0.0, 0.8, 0.0, 1.2, 1.0, 0.7, 1.0, 0.0])
+    q = torch.softmax(torch.randn(batch, k, vocab, generator=g) * 2, -1)
+    # request 7, row 0: q is p itself, so max(p - q, 0) has no mass (up to rounding: p has no underflow here)
+    q[7, 0] = torch.softmax(logits[7, 0].double() / 1.0, -1).float()
+    seeds = torch.arange(batch, dtype=torch.int64) * 3 + 1
+    return logits, drafts, num, temperature, q, seeds
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+@pytest.mark.parametrize("draft_probs", [False, True])
+@pytest.mark.parametrize("logprobs", [False, True])
+@pytest.mark.parametrize("chunk", [16, 48, 256])
+def test_triton_split_chain_equals_the_cpu_op(draft_probs, logprobs, chunk):
+    """The split pair (chunk partials, then walk + race over chunks with a ticket) against the C++ op, chunk
+    sizes from one tile per chunk to one chunk per row, several offsets so that races land everywhere."""
+    from specdec_ops.logits import _launch_chain
+
+    logits, drafts, num, temperature, q, seeds = _split_cases()
+    q = q if draft_probs else None
+    for offset in range(3):
+        offsets = torch.full((logits.shape[0],), offset, dtype=torch.int64)
+        ref = specdec_ops.rejection_sample_logits(logits, drafts, num, q, temperature=temperature, seeds=seeds,
+                                                  offsets=offsets, return_logprobs=logprobs, reject_invalid_drafts=True,
+                                                  backend="cpu")
+        ids, accepted, lps = _launch_chain(logits, drafts, num, q, (temperature, None, None, None), seeds, offsets,
+                                           logprobs, logits.shape[0], drafts.shape[1], packed=False, bonus_rows=True,
+                                           bonus_token_ids=None, rates=None, chunk=chunk, block=16)
+        assert torch.equal(ids, ref.token_ids), (offset, ids, ref.token_ids)
+        assert torch.equal(accepted, ref.num_accepted)
+        if logprobs:
+            torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+def test_triton_split_chain_packed_bonus_ids_and_rates_equal_the_cpu_op():
+    """Packed rows without bonus rows (external bonus ids), then synthetic acceptance rates, on several chunks."""
+    from specdec_ops.logits import _launch_chain
+
+    logits, drafts, num, temperature, q, seeds = _split_cases()
+    batch, k, vocab = drafts.shape[0], drafts.shape[1], logits.shape[-1]
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), num.cumsum(0)])
+    packed_drafts = torch.cat([drafts[b, :num[b]] for b in range(batch)])
+    packed_q = torch.cat([q[b, :num[b]] for b in range(batch)])
+    packed_rows = torch.cat([logits[b, :num[b]] for b in range(batch)])        # no bonus rows
+    bonus = torch.arange(batch, dtype=torch.int64) * 7 + 3
+    offsets = torch.zeros(batch, dtype=torch.int64)
+    for dp in (None, packed_q):
+        ref = specdec_ops.rejection_sample_logits_packed(
+            packed_rows, cu, packed_drafts, dp, temperature=temperature, seeds=seeds, offsets=offsets,
+            return_logprobs=True, max_num_draft_tokens=k, bonus_token_ids=bonus, reject_invalid_drafts=True,
+            backend="cpu")
+        ids, accepted, lps = _launch_chain(packed_rows, packed_drafts, cu, dp, (temperature, None, None, None), seeds,
+                                           offsets, True, batch, k, packed=True, bonus_rows=False,
+                                           bonus_token_ids=bonus, rates=None, chunk=32, block=16)
+        assert torch.equal(ids, ref.token_ids) and torch.equal(accepted, ref.num_accepted)
+        torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)
+    rates = torch.tensor([0.9, 0.5, 0.2, 0.7])
+    for offset in range(2):
+        offsets = torch.full((batch,), offset, dtype=torch.int64)
+        ref = specdec_ops.rejection_sample_logits(logits, drafts, num, temperature=temperature, seeds=seeds,
+                                                  offsets=offsets, synthetic_acceptance_rates=rates,
+                                                  reject_invalid_drafts=True, backend="cpu")
+        ids, accepted, _ = _launch_chain(logits, drafts, num, None, (temperature, None, None, None), seeds, offsets,
+                                         False, batch, k, packed=False, bonus_rows=True, bonus_token_ids=None,
+                                         rates=rates, chunk=48, block=16)
+        assert torch.equal(ids, ref.token_ids) and torch.equal(accepted, ref.num_accepted)
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+def test_triton_split_chain_race_winner_in_every_chunk():
+    """Which chunk holds the race's winner varies with the seed; the combined winner must be the one-program
+    race's for each (a combine that misses a chunk fails)."""
+    from specdec_ops.logits import _launch_chain
+
+    batch, vocab = 64, 130
+    logits = torch.zeros(batch, 1, vocab)            # uniform rows: every entry can win the bonus race
+    drafts = torch.zeros(batch, 0, dtype=torch.int64)
+    num = torch.zeros(batch, dtype=torch.int64)
+    seeds = torch.arange(batch, dtype=torch.int64)
+    offsets = torch.zeros(batch, dtype=torch.int64)
+    temperature = torch.ones(batch)
+    ref = specdec_ops.rejection_sample_logits(logits, drafts, num, temperature=temperature, seeds=seeds,
+                                              offsets=offsets, backend="cpu")
+    ids, _, _ = _launch_chain(logits, drafts, num, None, (temperature, None, None, None), seeds, offsets, False,
+                              batch, 0, packed=False, bonus_rows=True, bonus_token_ids=None, rates=None, chunk=16,
+                              block=16)
+    assert torch.equal(ids, ref.token_ids)
+    assert len(set((ref.token_ids[:, 0] // 16).tolist())) >= 6  # winners spread over the chunks

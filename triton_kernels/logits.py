@@ -14,7 +14,7 @@ rows in order and stops at the first rejection.
 import triton
 import triton.language as tl
 
-from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits
+from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits, philox_tile
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 RADIX_BITS = tl.constexpr(4)
@@ -518,3 +518,265 @@ def tree_rejection_sample_logits_kernel(
     tl.store(token_ids_ptr + b * nodes + js, toks, mask=js < nodes)
     tl.store(accepted_path_ptr + b * nodes + js, path.to(tl.int32), mask=js < nodes)
     tl.store(num_accepted_ptr + b, k.to(tl.int32))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chain verification without filters, split over the vocabulary (two launches, no waiting between programs)
+#
+# rejection_sample_logits_kernel above walks a request's rows in one program: two passes per row and a race,
+# each V / BLOCK trips long. Rows without top-k / top-p / min-p need only (max, first argmax, sum of exp) per
+# row, which combine exactly over fixed chunks of the vocabulary:
+#   1. chain_row_partials_kernel, grid (B x (K + 1), chunks): each program reads one chunk of one row once
+#      (an online max and sum of exp((x - m_c) / T)) and writes (m_c, first argmax, s_c);
+#   2. chain_walk_race_kernel, grid (B, chunks): each program combines the partials of the request's rows
+#      in chunk order (m = max m_c, total = sum_c exp((m_c - m) / T) s_c: the same in every program), walks
+#      the acceptance tests, then races over its own chunk of the row where the walk stopped; the program
+#      that takes the last ticket of the request (an atomic counter in a per-call workspace) combines the
+#      chunk winners (largest score, then smallest index: exactly one program's race over the whole row)
+#      and writes the outputs. No program ever waits for another, so the interpreter runs it as the GPU does.
+# The chunk size is fixed by the launcher (not by the GPU's size), so the sums round the same on any device.
+# Every row up to the request's last draft (and its bonus row) is read once, also after an early rejection:
+# the price of having no barrier between the rows of a walk.
+# ------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED: tl.constexpr):
+    """(n, target_base, draft_base) of request b, clamped as in rejection_sample_logits_kernel."""
+    if PACKED:
+        lo = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), num_draft_rows)
+        hi = tl.minimum(tl.maximum(tl.load(lengths_ptr + b + 1), lo), num_draft_rows)
+        n = tl.minimum(hi - lo, max_draft)
+        target_base = lo + b * bonus_rows
+        draft_base = lo
+    else:
+        n = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), max_draft)
+        target_base = b * (max_draft + bonus_rows)
+        draft_base = b * max_draft
+    return n, target_base, draft_base
+
+
+@triton.jit(do_not_specialize=["num_draft_rows"])
+def chain_row_partials_kernel(
+    logits_ptr,          # [rows, V] raw logits
+    lengths_ptr,         # int64: num_draft_tokens [B] (padded) or cu_num_draft_tokens [B+1] (packed)
+    temperature_ptr,     # float32 [B] (any valid pointer without HAS_T)
+    part_max_ptr,        # float32 out [B, K+1, CHUNKS]
+    part_arg_ptr,        # int64 out [B, K+1, CHUNKS]
+    part_sum_ptr,        # float32 out [B, K+1, CHUNKS]
+    vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
+    PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr, LOGPROBS: tl.constexpr,
+    CHUNKS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """(max, first argmax, sum of exp((x - max) / T)) of one chunk of one row (T = 1 for greedy rows, whose
+    sum only logprobs use). Rows the walk can never enter (past the request's drafts, its bonus row with
+    HAS_BONUS) are not read and their partials not written."""
+    j = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64)
+    b = j // (max_draft + 1)
+    k = j % (max_draft + 1)
+    n, target_base, _ = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
+    used = k <= n
+    if HAS_BONUS:
+        used = k < n
+    if used:
+        t = tl.full([], 1.0, tl.float32)
+        if HAS_T:
+            t = tl.load(temperature_ptr + b)
+        sampled = t > 0
+        t = tl.where(sampled, tl.minimum(t, F32_MAX), 1.0)
+        row_ptr = logits_ptr + (target_base + k) * vocab
+        lo = c * CHUNK
+        best = tl.full([], float("-inf"), tl.float32)
+        best_index = lo
+        total = tl.full([], 0.0, tl.float32)
+        for start in range(0, CHUNK, BLOCK):
+            idx = lo + start + tl.arange(0, BLOCK).to(tl.int64)
+            inside = idx < vocab
+            x = load_row(row_ptr, idx, inside)
+            tile_best = tl.max(x, 0)
+            tile_index = tl.min(tl.where(inside & (x == tile_best), idx, 0x7FFFFFFFFFFFFFFF), 0)
+            better = tile_best > best
+            if sampled | LOGPROBS:  # online sum: rescale the running sum when the maximum grows
+                new_best = tl.where(better, tile_best, best)
+                scale = tl.where(best > float("-inf"), tl.exp(scaled(best, new_best, t)), 0.0)
+                tile_sum = tl.sum(tl.where(inside, tl.exp(scaled(x, new_best, t)), 0.0), 0)
+                total = total * scale + tl.where(new_best > float("-inf"), tile_sum, 0.0)
+            best_index = tl.where(better, tile_index, best_index)
+            best = tl.where(better, tile_best, best)
+        at = j * CHUNKS + c
+        tl.store(part_max_ptr + at, best)
+        tl.store(part_arg_ptr + at, best_index)
+        tl.store(part_sum_ptr + at, total)
+
+
+@triton.jit
+def combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, j, temperature, CHUNKS: tl.constexpr,
+                 CHUNKS_P2: tl.constexpr):
+    """(m, argmax, total) of row j from its chunk partials: the largest maximum with the smallest index
+    (index 0 without a finite logit), and the chunk sums rescaled to m (T = 1 when temperature is 0)."""
+    cs = tl.arange(0, CHUNKS_P2)
+    valid = cs < CHUNKS
+    ms = tl.load(part_max_ptr + j * CHUNKS + cs, mask=valid, other=float("-inf"))
+    args = tl.load(part_arg_ptr + j * CHUNKS + cs, mask=valid, other=0)
+    sums = tl.load(part_sum_ptr + j * CHUNKS + cs, mask=valid, other=0.0)
+    m = tl.max(ms, 0)
+    finite = ms > float("-inf")
+    argmax = tl.min(tl.where(finite & (ms == m), args, 0x7FFFFFFFFFFFFFFF), 0)
+    argmax = tl.where(m > float("-inf"), argmax, 0)
+    t = tl.where(temperature > 0, temperature, 1.0)
+    total = tl.sum(tl.where(finite, tl.exp(scaled(ms, m, t)) * sums, 0.0), 0)
+    return m, argmax, total
+
+
+@triton.jit
+def combined_logprob(x, m, temperature, total):
+    """log p(x) from a combined row: z - log(total) (greedy: the log_softmax of the raw logits)."""
+    t = tl.where(temperature > 0, temperature, 1.0)
+    return tl.where((m > float("-inf")) & (total > 0), scaled(x, m, t) - tl.log(total), float("-inf"))
+
+
+@triton.jit(do_not_specialize=["num_draft_rows"])
+def chain_walk_race_kernel(
+    logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr, temperature_ptr,
+    part_max_ptr, part_arg_ptr, part_sum_ptr,  # from chain_row_partials_kernel
+    race_score_ptr,      # float32 workspace [B, 2, CHUNKS]: chunk winners' scores (p race, residual race)
+    race_index_ptr,      # int64 workspace [B, 2, CHUNKS]
+    tickets_ptr,         # int32 [B], zero before the launch
+    token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, rates_ptr,
+    vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
+    PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, LOGPROBS: tl.constexpr,
+    HAS_BONUS: tl.constexpr, HAS_RATES: tl.constexpr,
+    CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The walk of rejection_sample_logits_kernel on combined row statistics, then this program's chunk of
+    the final race; the request's last program to finish writes the outputs."""
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64)
+    n, target_base, draft_base = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
+    seed = tl.load(seeds_ptr + b)
+    offset = tl.load(offsets_ptr + b)
+    t = tl.full([], 1.0, tl.float32)
+    if HAS_T:
+        t = tl.load(temperature_ptr + b)
+    t = tl.where(t > 0, tl.minimum(t, F32_MAX), 0.0)
+    js = tl.arange(0, BLOCK_K).to(tl.int64)
+    lps = tl.full([BLOCK_K], float("nan"), tl.float32)
+
+    k = tl.full([], 0, tl.int64)
+    final = tl.full([], 0, tl.int64)
+    m = tl.full([], 0.0, tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    x = tl.full([], -1, tl.int64)
+    race = tl.full([], 0, tl.int32)  # 1: the final token is this race's (a sampled request's rejection or bonus row)
+    searching = 1
+    if HAS_BONUS:
+        searching = (n > 0).to(tl.int32)  # the bonus row is never entered
+    while searching != 0:
+        row_ptr = logits_ptr + (target_base + k) * vocab
+        m, argmax, total = combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, b * (max_draft + 1) + k, t,
+                                        CHUNKS, CHUNKS_P2)
+        is_draft = k < n
+        x = tl.load(draft_ids_ptr + draft_base + k, mask=is_draft, other=-1)
+        in_vocab = (x >= 0) & (x < vocab)
+        x_logit = logit_value(tl.load(row_ptr + x, mask=is_draft & in_vocab, other=float("-inf")).to(tl.float32))
+        if t > 0:
+            u = tl.sum(bits_to_uniform(philox_bits(seed, offset, k, PURPOSE_ACCEPT, tl.zeros([1], tl.int64))), 0)
+            if HAS_RATES:
+                accept = is_draft & in_vocab & (u < tl.load(rates_ptr + k, mask=is_draft, other=0.0))
+            else:
+                if HAS_DRAFT_PROBS:
+                    q_x = tl.load(draft_probs_ptr + (draft_base + k) * vocab + x, mask=is_draft & in_vocab,
+                                  other=0.0).to(tl.float32)
+                    q_x = tl.where(q_x > 0, q_x, 0.0)
+                else:
+                    q_x = 1.0
+                accept = is_draft & in_vocab & (u * q_x < entry_prob(x_logit, m, t, 0, total))
+            token = x
+            race = tl.where(accept, 0, 1).to(tl.int32)
+        else:
+            if HAS_RATES:
+                u = tl.sum(bits_to_uniform(philox_bits(seed, offset, k, PURPOSE_ACCEPT, tl.zeros([1], tl.int64))), 0)
+                accept = is_draft & in_vocab & (u < tl.load(rates_ptr + k, mask=is_draft, other=0.0))
+                token = tl.where(accept, x, argmax)  # an accepted draft need not be the argmax here
+            else:
+                accept = is_draft & (x == argmax)
+                token = argmax
+        if LOGPROBS:
+            if accept:
+                lps = tl.where(js == k, combined_logprob(x_logit, m, t, total), lps)
+            else:
+                if race == 0:  # greedy: the argmax's logprob
+                    a_logit = logit_value(tl.load(row_ptr + token).to(tl.float32))
+                    lps = tl.where(js == k, combined_logprob(a_logit, m, t, total), lps)
+        if accept:
+            k += 1
+            if HAS_BONUS:
+                searching = (k < n).to(tl.int32)
+        else:
+            final = token
+            searching = 0
+
+    writer = c == 0
+    if race != 0:
+        # this program's chunk of the race at row k: over max(p - q, 0) after a rejected draft (and over p,
+        # the fallback when that has no mass), over p on the bonus row
+        residual = k < n
+        purpose = tl.where(residual, PURPOSE_RESIDUAL, PURPOSE_BONUS)
+        row_ptr = logits_ptr + (target_base + k) * vocab
+        q_row_ptr = draft_probs_ptr + (draft_base + k) * vocab
+        best_p = tl.full([], -1.0, tl.float32)
+        best_p_index = tl.full([], 0, tl.int64)
+        best_r = tl.full([], -1.0, tl.float32)
+        best_r_index = tl.full([], 0, tl.int64)
+        lo = c * CHUNK
+        for start in range(0, CHUNK, BLOCK):
+            idx = lo + start + tl.arange(0, BLOCK).to(tl.int64)
+            inside = idx < vocab
+            mass = entry_prob(load_row(row_ptr, idx, inside), m, t, 0, total)
+            if HAS_DRAFT_PROBS:
+                q = tl.load(q_row_ptr + idx, mask=idx < tl.where(residual, vocab, 0), other=0.0).to(tl.float32)
+                q = tl.where(q > 0, q, 0.0)
+            else:
+                q = tl.where(idx == x, 1.0, 0.0)
+            noise = tl.where(mass > 0, exp_noise(philox_tile(seed, offset, k, purpose, lo + start, BLOCK)), 1.0)
+            diff = mass - q
+            best_p, best_p_index = tile_argmax_update(race_scores(mass, noise, inside), idx, best_p, best_p_index)
+            best_r, best_r_index = tile_argmax_update(race_scores(tl.where(diff > 0, diff, 0.0), noise, inside),
+                                                      idx, best_r, best_r_index)
+        at = b * 2 * CHUNKS + c
+        tl.store(race_score_ptr + at, best_p)
+        tl.store(race_index_ptr + at, best_p_index)
+        tl.store(race_score_ptr + at + CHUNKS, best_r)
+        tl.store(race_index_ptr + at + CHUNKS, best_r_index)
+        tl.debug_barrier()  # every thread's stores before the ticket
+        ticket = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
+        writer = ticket == CHUNKS - 1
+        if writer:
+            cs = tl.arange(0, CHUNKS_P2)
+            valid = cs < CHUNKS
+            base = b * 2 * CHUNKS + cs
+            sp = tl.load(race_score_ptr + base, mask=valid, other=-2.0, volatile=True)
+            ip = tl.load(race_index_ptr + base, mask=valid, other=0, volatile=True)
+            sr = tl.load(race_score_ptr + base + CHUNKS, mask=valid, other=-2.0, volatile=True)
+            ir = tl.load(race_index_ptr + base + CHUNKS, mask=valid, other=0, volatile=True)
+            top_p = tl.max(sp, 0)
+            top_r = tl.max(sr, 0)
+            index_p = tl.min(tl.where(valid & (sp == top_p), ip, 0x7FFFFFFFFFFFFFFF), 0)
+            index_r = tl.min(tl.where(valid & (sr == top_r), ir, 0x7FFFFFFFFFFFFFFF), 0)
+            final = tl.where(residual & (top_r > 0), index_r, index_p)
+            if LOGPROBS:
+                f_logit = logit_value(tl.load(row_ptr + final).to(tl.float32))
+                lps = tl.where(js == k, combined_logprob(f_logit, m, t, total), lps)
+    if writer:
+        if HAS_BONUS:
+            # k == n only after a fully accepted chain (the bonus row is never entered); logprob NaN
+            bonus = tl.minimum(tl.maximum(tl.load(bonus_ptr + b), 0), vocab - 1)
+            final = tl.where(k == n, bonus, final)
+        kept = tl.load(draft_ids_ptr + draft_base + js, mask=js < k, other=-1)
+        out = tl.where(js < k, kept, tl.where(js == k, final, -1))
+        tl.store(token_ids_ptr + b * (max_draft + 1) + js, out, mask=js <= max_draft)
+        tl.store(num_accepted_ptr + b, k.to(tl.int32))
+        if LOGPROBS:
+            tl.store(logprobs_ptr + b * (max_draft + 1) + js, lps, mask=js <= max_draft)
