@@ -29,7 +29,8 @@ Model and its assumptions (each one a place where a GPU measurement can correct 
   Case.phases) add up issue and latency time over their loops, each found in the SASS by its kind (see
   hot_loop) and weighted by its passes; ins/el is then the mean over the passes.
 * predicted = LAUNCH_S + max(bytes / bandwidth, issue time, latency time); % of peak = the time the
-  minimum bytes take at 4.8 TB/s / predicted.
+  minimum bytes take at 4.8 TB/s / predicted. An op that launches two kernels (Case.then) is predicted as
+  the sum of both kernels' predictions; its row shows the first kernel's resources.
 
 Usage::
 
@@ -110,6 +111,8 @@ class Case:
                                  # replacing loop / streams / passes; issue and latency time add up over them
     loop_pick: object = None     # callable(loop text) -> bool: which of a kernel's loops of the kind is the
                                  # scenario's (kernels whose passes share one loop shape; see hot_loop)
+    then: "Case | None" = None   # a second kernel the op launches after this one (its own resources and
+                                 # prediction; the row's time is the sum, its resources this kernel's)
 
 
 def _rows(n, elem=4):
@@ -335,6 +338,8 @@ def logits_cases():
             elif backend == "cuda":
                 cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",
                                   function=r"30rejection_sample_logits_kernelI13__nv_bfloat16S\d_E", **common))
+            elif not top_p:
+                cases.append(_logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common))
             else:
                 cases.append(Case(
                     name=f"logits_triton_{tag}", backend="triton",
@@ -350,6 +355,40 @@ def logits_cases():
                                 num_warps=4),
                     grid=lambda res: (batch, 1), **common))
     return cases
+
+
+SPLIT_CHUNK = 8192   # specdec_ops/logits.py SPLIT_CHUNK
+SPLIT_BLOCK = 1024   # specdec_ops/logits.py _block (compiled)
+
+
+def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
+    """Triton chain verification without filters (specdec_ops/logits.py _launch_chain): two kernels.
+    chain_row_partials_kernel, grid (B x (K+1), chunks of SPLIT_CHUNK): each row read once, an online max and
+    exp-sum per chunk, 20 B of partials written per chunk; then chain_walk_race_kernel, grid (B, chunks): the
+    partials read back by every program of the request (the walk over K+1 rows), the bonus row's race over
+    one chunk per program, 24 B of winners per program plus the ticket. The race kernel's row is counted
+    from HBM again (it may sit in L2 after the first kernel: not modelled)."""
+    chunks = -(-V // SPLIT_CHUNK)
+    partials = batch * rows * chunks * 20
+    types = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32", part_max_ptr="*fp32",
+                 part_arg_ptr="*i64", part_sum_ptr="*fp32", race_score_ptr="*fp32", race_index_ptr="*i64",
+                 tickets_ptr="*i32", token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32",
+                 bonus_ptr="*i64", rates_ptr="*fp32")
+    const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, LOGPROBS=False, HAS_BONUS=False,
+                 HAS_RATES=False, CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=SPLIT_CHUNK,
+                 BLOCK_K=8, vocab=V, BLOCK=SPLIT_BLOCK)
+    race = Case(name=f"logits_triton_{tag}_race", backend="triton", shape=shape, loop="race", streams=1,
+                elem_bytes=2, bytes_moved=batch * row_bytes + batch * chunks * (rows * 20 + 24) + scalars,
+                min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch, passes=1,
+                source="triton_kernels.logits:chain_walk_race_kernel",
+                triton=dict(types=types, constexprs=const, num_warps=4),
+                grid=lambda res: (batch * chunks, chunks))
+    return Case(name=f"logits_triton_{tag}", backend="triton", shape=shape, loop="expsum", streams=1,
+                elem_bytes=2, bytes_moved=batch * rows * row_bytes + partials,
+                min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch * rows, passes=1,
+                phases=[("expsum", 1, 1)], source="triton_kernels.logits:chain_row_partials_kernel",
+                triton=dict(types=types, constexprs=const, num_warps=4),
+                grid=lambda res: (batch * rows * chunks, chunks), measure=common["measure"], then=race)
 
 
 def all_cases():
@@ -724,6 +763,19 @@ def predict(case, res):
     return row
 
 
+def combine_kernels(case, first, second):
+    """The row of an op launching two kernels: the first kernel's resources, both kernels' bytes and time."""
+    row = dict(first)
+    row["bytes_mb"] = first["bytes_mb"] + second["bytes_mb"]
+    row["bytes_vs_min"] = row["bytes_mb"] * 1e6 / case.min_bytes
+    row["predicted_us"] = first["predicted_us"] + second["predicted_us"]
+    if second["predicted_us"] > first["predicted_us"]:
+        row["bound"] = second["bound"]
+    row["pct_peak"] = 100 * case.min_bytes / BANDWIDTH / (row["predicted_us"] * 1e-6)
+    row["then"] = second
+    return row
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Measuring (GPU only)
 # ----------------------------------------------------------------------------------------------------------
@@ -926,6 +978,11 @@ def main(argv=None):
                     if res["spills"]:
                         spill_notes.append(f"{case.source} sm_90 ({case.name}): {res['spills']} B local")
                 rows[case.name] = dict(predict(case, res), backend=case.backend, shape=case.shape)
+                if case.then is not None:
+                    res2 = compile_triton(cuobjdump, case.then, workdir)
+                    if res2["spills"]:
+                        spill_notes.append(f"{case.then.source} sm_90 ({case.name}): {res2['spills']} B local")
+                    rows[case.name] = combine_kernels(case, rows[case.name], predict(case.then, res2))
             except Exception as e:  # noqa: BLE001 - reported, exit 1
                 errors.append(f"{case.name}: {str(e)[-600:]}")
 

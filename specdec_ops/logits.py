@@ -571,11 +571,11 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
         part_max = target.new_empty((rows, chunks), dtype=torch.float32)
         part_arg = target.new_empty((rows, chunks), dtype=torch.int64)
         part_sum = target.new_empty((rows, chunks), dtype=torch.float32)
-        race_score = target.new_empty((batch, 2, chunks), dtype=torch.float32)
-        race_index = target.new_empty((batch, 2, chunks), dtype=torch.int64)
+        race_score = target.new_empty((batch, chunks), dtype=torch.float32)
+        race_index = target.new_empty((batch, chunks), dtype=torch.int64)
         tickets = torch.zeros((batch,), dtype=torch.int32, device=target.device)
-        common = dict(PACKED=packed, HAS_T=flags["HAS_T"], LOGPROBS=bool(return_logprobs),
-                      HAS_BONUS=bonus_token_ids is not None, CHUNKS=chunks, CHUNK=chunk, BLOCK=block)
+        common = dict(PACKED=packed, HAS_T=flags["HAS_T"], HAS_BONUS=bonus_token_ids is not None, CHUNKS=chunks,
+                      CHUNK=chunk, BLOCK=block)
         chain_row_partials_kernel[(rows, chunks)](
             target, lengths, ptrs[0], part_max, part_arg, part_sum, vocab, max_draft, ids.numel(), int(bonus_rows),
             **common)
@@ -584,7 +584,8 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
             offsets.contiguous(), ptrs[0], part_max, part_arg, part_sum, race_score, race_index, tickets, token_ids,
             num_accepted, logprobs if return_logprobs else target, bonus,
             target if rates is None else rates.contiguous(), vocab, max_draft, ids.numel(), int(bonus_rows),
-            HAS_DRAFT_PROBS=draft_probs is not None, HAS_RATES=rates is not None, CHUNKS_P2=next_pow2(chunks),
+            HAS_DRAFT_PROBS=draft_probs is not None, HAS_RATES=rates is not None, LOGPROBS=bool(return_logprobs),
+            CHUNKS_P2=next_pow2(chunks),
             BLOCK_K=next_pow2(max_draft + 1), **common)
         return token_ids, num_accepted, logprobs
     rejection_sample_logits_kernel[(batch,)](

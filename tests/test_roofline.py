@@ -101,9 +101,12 @@ def test_logits_cases_count_every_pass_over_the_rows():
         assert case.min_bytes == 64 * rows * row
         assert case.passes == sum(n for _, n, _ in case.phases)
         assert case.bytes_moved >= 64 * case.passes * row
-    # without filters: max + kept mass per row, then the bonus race
+    # without filters: max + kept mass per row, then the bonus race (Triton: one fused pass per row in a
+    # first kernel, the race in a second one)
     assert cases["logits_cuda_onehot"].passes == 2 * rows + 1
-    assert cases["logits_triton_draft"].passes == 2 * rows + 1
+    split = cases["logits_triton_draft"]
+    assert split.passes == 1 and split.items == 64 * rows and split.then is not None and split.then.passes == 1
+    assert split.then.bytes_moved >= 64 * row
     # top-p: CUDA 4 radix passes of 8 bits; Triton the kept mass and 8 radix passes of 4 bits
     assert cases["logits_cuda_onehot_topp"].passes == 6 * rows + 1
     assert cases["logits_triton_draft_topp"].passes == 11 * rows + 1
@@ -113,12 +116,16 @@ def test_logits_cases_count_every_pass_over_the_rows():
 @needs_nvcc
 def test_roofline_rows_for_the_logits_kernels(tmp_path):
     out = tmp_path / "roofline.json"
-    result = subprocess.run([sys.executable, SCRIPT, "--only", "logits_cuda_onehot,logits_triton_onehot_topp",
+    result = subprocess.run([sys.executable, SCRIPT, "--only", "logits_cuda_onehot,logits_triton_onehot",
                              "--json", str(out)], capture_output=True, text=True, timeout=600)
     data = json.loads(out.read_text())
     assert not data["errors"], result.stdout + result.stderr
     rows = data["rows"]
-    assert set(rows) == {"logits_cuda_onehot", "logits_cuda_onehot_topp", "logits_triton_onehot_topp"}
+    assert set(rows) == {"logits_cuda_onehot", "logits_cuda_onehot_topp", "logits_triton_onehot",
+                         "logits_triton_onehot_topp"}
+    split = rows.pop("logits_triton_onehot")  # two kernels: the fused max + exp-sum, then the race
+    assert [p["loop"] for p in split["phases"]] == ["expsum"] and split["then"]["loop_instructions"] > 0
+    assert split["predicted_us"] > split["then"]["predicted_us"] > 0 and 0 < split["pct_peak"] <= 100
     for name, row in rows.items():
         loops = [p["loop"] for p in row["phases"]]
         assert all(p["instructions"] > 0 and p["trips"] > 0 for p in row["phases"]), name

@@ -8,7 +8,9 @@ Thresholds come from a radix select over the order-preserving keys of z = (x - m
 4 bits per pass (8 passes; a 16-bin count or mass histogram per tile as a one-hot
 reduction), never a sort. Rows without filters take two passes (max, then the sum of
 e). One program per request (process_logits: per row); chain verification walks its
-rows in order and stops at the first rejection.
+rows in order and stops at the first rejection. Chain verification without filter tensors
+splits each row over fixed vocabulary chunks instead (chain_row_partials_kernel, then
+chain_walk_race_kernel: see the section at the end of this file).
 """
 
 import triton
@@ -565,14 +567,17 @@ def chain_row_partials_kernel(
     part_arg_ptr,        # int64 out [B, K+1, CHUNKS]
     part_sum_ptr,        # float32 out [B, K+1, CHUNKS]
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
-    PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr, LOGPROBS: tl.constexpr,
+    PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """(max, first argmax, sum of exp((x - max) / T)) of one chunk of one row (T = 1 for greedy rows, whose
     sum only logprobs use). Rows the walk can never enter (past the request's drafts, its bonus row with
-    HAS_BONUS) are not read and their partials not written."""
+    HAS_BONUS) are not read and their partials not written.
+
+    Per lane, online: with d = x - m_lane, exp(-|d| / T) is both the new entry's weight (x <= m_lane) and
+    the old sum's rescale (x > m_lane), so each entry costs one exp; the lanes combine once per chunk."""
     j = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1).to(tl.int64)
+    c = tl.program_id(1)
     b = j // (max_draft + 1)
     k = j % (max_draft + 1)
     n, target_base, _ = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
@@ -580,33 +585,34 @@ def chain_row_partials_kernel(
     if HAS_BONUS:
         used = k < n
     if used:
-        t = tl.full([], 1.0, tl.float32)
+        inv_t = tl.full([], 1.0, tl.float32)
         if HAS_T:
             t = tl.load(temperature_ptr + b)
-        sampled = t > 0
-        t = tl.where(sampled, tl.minimum(t, F32_MAX), 1.0)
+            inv_t = tl.where(t > 0, tl.math.div_rn(1.0, tl.minimum(t, F32_MAX)), 1.0)
         row_ptr = logits_ptr + (target_base + k) * vocab
         lo = c * CHUNK
-        best = tl.full([], float("-inf"), tl.float32)
-        best_index = lo
-        total = tl.full([], 0.0, tl.float32)
+        lane_m = tl.full([BLOCK], float("-inf"), tl.float32)
+        lane_s = tl.zeros([BLOCK], tl.float32)
+        lane_i = tl.zeros([BLOCK], tl.int32) + lo
         for start in range(0, CHUNK, BLOCK):
-            idx = lo + start + tl.arange(0, BLOCK).to(tl.int64)
-            inside = idx < vocab
-            x = load_row(row_ptr, idx, inside)
-            tile_best = tl.max(x, 0)
-            tile_index = tl.min(tl.where(inside & (x == tile_best), idx, 0x7FFFFFFFFFFFFFFF), 0)
-            better = tile_best > best
-            if sampled | LOGPROBS:  # online sum: rescale the running sum when the maximum grows
-                new_best = tl.where(better, tile_best, best)
-                scale = tl.where(best > float("-inf"), tl.exp(scaled(best, new_best, t)), 0.0)
-                tile_sum = tl.sum(tl.where(inside, tl.exp(scaled(x, new_best, t)), 0.0), 0)
-                total = total * scale + tl.where(new_best > float("-inf"), tile_sum, 0.0)
-            best_index = tl.where(better, tile_index, best_index)
-            best = tl.where(better, tile_best, best)
+            idx = lo + start + tl.arange(0, BLOCK)
+            x = load_row(row_ptr, idx, idx < vocab)
+            d = x - lane_m
+            if HAS_T:
+                d = d * inv_t
+            e = tl.where(d == d, tl.exp(-tl.abs(d)), 0.0)  # NaN: -inf against -inf, no weight
+            grows = x > lane_m
+            lane_s = tl.where(grows, lane_s * e + 1.0, lane_s + e)
+            lane_i = tl.where(grows, idx, lane_i)
+            lane_m = tl.where(grows, x, lane_m)
+        best = tl.max(lane_m, 0)
+        best_index = tl.min(tl.where((lane_m == best) & (lane_m > float("-inf")), lane_i, 0x7FFFFFFF), 0)
+        best_index = tl.where(best > float("-inf"), best_index, lo)
+        rescale = (lane_m - best) * inv_t
+        total = tl.sum(tl.where(lane_m > float("-inf"), lane_s * tl.exp(rescale), 0.0), 0)
         at = j * CHUNKS + c
         tl.store(part_max_ptr + at, best)
-        tl.store(part_arg_ptr + at, best_index)
+        tl.store(part_arg_ptr + at, best_index.to(tl.int64))
         tl.store(part_sum_ptr + at, total)
 
 
@@ -636,12 +642,44 @@ def combined_logprob(x, m, temperature, total):
     return tl.where((m > float("-inf")) & (total > 0), scaled(x, m, t) - tl.log(total), float("-inf"))
 
 
+@triton.jit
+def split_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, total, seed, offset, position, purpose,
+               lo, LENGTH: tl.constexpr, HAS_T: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+    """(best score, first index) of the exponential race over entries [lo, lo + LENGTH) of a row: over
+    max(p - q, 0) when `residual` (q one-hot at `draft` without HAS_Q), else over p; per-lane running bests,
+    one reduction at the end. p = exp((x - m) / T) / total as entry_prob (T = 1 without HAS_T: no division)."""
+    lane_best = tl.full([BLOCK], -1.0, tl.float32)
+    lane_index = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, LENGTH, BLOCK):
+        idx = lo + start + tl.arange(0, BLOCK)
+        inside = idx < vocab
+        x = load_row(row_ptr, idx, inside)
+        if HAS_T:
+            z = scaled(x, m, temperature)
+        else:
+            z = x - m
+        mass = tl.where(total > 0, tl.math.div_rn(tl.exp(z), tl.maximum(total, 1e-30)), 0.0)
+        if HAS_Q:
+            q = tl.load(q_row_ptr + idx, mask=idx < tl.where(residual, vocab, 0), other=0.0).to(tl.float32)
+            q = tl.where(q > 0, q, 0.0)
+        else:
+            q = tl.where(idx == draft, 1.0, 0.0)
+        target = tl.where(residual, mass - q, mass)
+        noise = exp_noise(philox_tile(seed, offset, position, purpose, lo + start, BLOCK))
+        score = tl.where(inside, tl.where(target > 0, tl.math.div_rn(target, noise), 0.0), -1.0)
+        better = score > lane_best
+        lane_index = tl.where(better, idx, lane_index)
+        lane_best = tl.where(better, score, lane_best)
+    best = tl.max(lane_best, 0)
+    return best, tl.min(tl.where(lane_best == best, lane_index, 0x7FFFFFFF), 0)
+
+
 @triton.jit(do_not_specialize=["num_draft_rows"])
 def chain_walk_race_kernel(
     logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr, temperature_ptr,
     part_max_ptr, part_arg_ptr, part_sum_ptr,  # from chain_row_partials_kernel
-    race_score_ptr,      # float32 workspace [B, 2, CHUNKS]: chunk winners' scores (p race, residual race)
-    race_index_ptr,      # int64 workspace [B, 2, CHUNKS]
+    race_score_ptr,      # float32 workspace [B, CHUNKS]: the chunks' race winners' scores
+    race_index_ptr,      # int64 workspace [B, CHUNKS]
     tickets_ptr,         # int32 [B], zero before the launch
     token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, rates_ptr,
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
@@ -720,52 +758,32 @@ def chain_walk_race_kernel(
 
     writer = c == 0
     if race != 0:
-        # this program's chunk of the race at row k: over max(p - q, 0) after a rejected draft (and over p,
-        # the fallback when that has no mass), over p on the bonus row
+        # this program's chunk of the race at row k: over max(p - q, 0) after a rejected draft, over p on the
+        # bonus row (and, alone in the writer, over p once more when the residual has no mass at all)
         residual = k < n
         purpose = tl.where(residual, PURPOSE_RESIDUAL, PURPOSE_BONUS)
         row_ptr = logits_ptr + (target_base + k) * vocab
         q_row_ptr = draft_probs_ptr + (draft_base + k) * vocab
-        best_p = tl.full([], -1.0, tl.float32)
-        best_p_index = tl.full([], 0, tl.int64)
-        best_r = tl.full([], -1.0, tl.float32)
-        best_r_index = tl.full([], 0, tl.int64)
-        lo = c * CHUNK
-        for start in range(0, CHUNK, BLOCK):
-            idx = lo + start + tl.arange(0, BLOCK).to(tl.int64)
-            inside = idx < vocab
-            mass = entry_prob(load_row(row_ptr, idx, inside), m, t, 0, total)
-            if HAS_DRAFT_PROBS:
-                q = tl.load(q_row_ptr + idx, mask=idx < tl.where(residual, vocab, 0), other=0.0).to(tl.float32)
-                q = tl.where(q > 0, q, 0.0)
-            else:
-                q = tl.where(idx == x, 1.0, 0.0)
-            noise = tl.where(mass > 0, exp_noise(philox_tile(seed, offset, k, purpose, lo + start, BLOCK)), 1.0)
-            diff = mass - q
-            best_p, best_p_index = tile_argmax_update(race_scores(mass, noise, inside), idx, best_p, best_p_index)
-            best_r, best_r_index = tile_argmax_update(race_scores(tl.where(diff > 0, diff, 0.0), noise, inside),
-                                                      idx, best_r, best_r_index)
-        at = b * 2 * CHUNKS + c
-        tl.store(race_score_ptr + at, best_p)
-        tl.store(race_index_ptr + at, best_p_index)
-        tl.store(race_score_ptr + at + CHUNKS, best_r)
-        tl.store(race_index_ptr + at + CHUNKS, best_r_index)
+        lo = tl.program_id(1) * CHUNK  # int32, as the race's indices
+        best, index = split_race(row_ptr, q_row_ptr, x, residual, vocab, m, t, total, seed, offset, k, purpose, lo,
+                                 CHUNK, HAS_T, HAS_DRAFT_PROBS, BLOCK)
+        at = b * CHUNKS + c
+        tl.store(race_score_ptr + at, best)
+        tl.store(race_index_ptr + at, index.to(tl.int64))
         tl.debug_barrier()  # every thread's stores before the ticket
         ticket = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
         writer = ticket == CHUNKS - 1
         if writer:
             cs = tl.arange(0, CHUNKS_P2)
             valid = cs < CHUNKS
-            base = b * 2 * CHUNKS + cs
-            sp = tl.load(race_score_ptr + base, mask=valid, other=-2.0, volatile=True)
-            ip = tl.load(race_index_ptr + base, mask=valid, other=0, volatile=True)
-            sr = tl.load(race_score_ptr + base + CHUNKS, mask=valid, other=-2.0, volatile=True)
-            ir = tl.load(race_index_ptr + base + CHUNKS, mask=valid, other=0, volatile=True)
-            top_p = tl.max(sp, 0)
-            top_r = tl.max(sr, 0)
-            index_p = tl.min(tl.where(valid & (sp == top_p), ip, 0x7FFFFFFFFFFFFFFF), 0)
-            index_r = tl.min(tl.where(valid & (sr == top_r), ir, 0x7FFFFFFFFFFFFFFF), 0)
-            final = tl.where(residual & (top_r > 0), index_r, index_p)
+            scores = tl.load(race_score_ptr + b * CHUNKS + cs, mask=valid, other=-2.0, volatile=True)
+            indices = tl.load(race_index_ptr + b * CHUNKS + cs, mask=valid, other=0, volatile=True)
+            top = tl.max(scores, 0)
+            final = tl.min(tl.where(valid & (scores == top), indices, 0x7FFFFFFFFFFFFFFF), 0)
+            if residual & (top <= 0):  # no residual mass: the race over p, every chunk here
+                _, fallback = split_race(row_ptr, q_row_ptr, x, residual & (top > 0), vocab, m, t, total, seed,
+                                         offset, k, purpose, 0, CHUNKS * CHUNK, HAS_T, HAS_DRAFT_PROBS, BLOCK)
+                final = fallback.to(tl.int64)
             if LOGPROBS:
                 f_logit = logit_value(tl.load(row_ptr + final).to(tl.float32))
                 lps = tl.where(js == k, combined_logprob(f_logit, m, t, total), lps)
