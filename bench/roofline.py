@@ -140,10 +140,11 @@ def rejection_cases():
     """Chain rejection at B=64 (draft probs, one-hot, greedy) and B=8 (draft probs), fp32, V=128256, K=4.
 
     Both backends split every request's vocabulary over several blocks / programs (CUDA: vocab_split.h
-    vocab_parts_for; Triton: _rejection_triton_parts). Every block / program repeats the acceptance tests
-    (scalar reads of p(x), q(x) of the drafts: counted once per block / program for Triton, whose row adds the
-    workspace: per program its partials (a score and an index per row it scans: 32-byte sectors) and its
-    ticket (an atomic), and the last program's reads of every partial); the CUDA row counts them once."""
+    vocab_parts_for; Triton: _rejection_triton_parts, the launcher's rule), and every block / program repeats
+    the acceptance tests. The Triton rows count those scalar reads (p(x), q(x)) once per program and add the
+    workspace: the zeroed counter, per program its partials (a score and an index per row it scans, a 32-byte
+    sector each) and its ticket (an atomic), and the last program's reads of every partial. The CUDA rows
+    count the acceptance reads once and no workspace."""
     cases = []
     scen = [
         ("draft", 64, "B=64 K=4 fp32 q, reject at 1", 2, True, False),
