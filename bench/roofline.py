@@ -123,8 +123,31 @@ def _sector_reads(n):
     return 32 * n
 
 
+# The Triton chain kernel's split (specdec_ops/rejection.py _launch_triton): BLOCK-entry tiles, programs per SM.
+REJECTION_TRITON_BLOCK = 1024
+REJECTION_TRITON_PROGRAMS_PER_SM = 5
+REJECTION_TRITON_MAX_PARTS = 256
+
+
+def _rejection_triton_parts(batch, vocab=V):
+    """Mirror of specdec_ops/rejection.py _triton_parts on the H200 -> (parts per request, tiles per part):
+    resident // batch parts (SMS x programs per SM resident), at most one tile each, then as few parts as
+    cover the row with that many tiles each."""
+    tiles = -(-vocab // REJECTION_TRITON_BLOCK)
+    parts = max(1, min(SMS * REJECTION_TRITON_PROGRAMS_PER_SM // batch, tiles, REJECTION_TRITON_MAX_PARTS))
+    per_part = -(-tiles // parts)
+    return -(-tiles // per_part), per_part
+
+
 def rejection_cases():
-    """Chain rejection at B=64 (draft probs, one-hot, greedy) and B=8 (draft probs), fp32, V=128256, K=4."""
+    """Chain rejection at B=64 (draft probs, one-hot, greedy) and B=8 (draft probs), fp32, V=128256, K=4.
+
+    Both backends split every request's vocabulary over several blocks / programs (CUDA: vocab_split.h
+    vocab_parts_for; Triton: _rejection_triton_parts, the launcher's rule), and every block / program repeats
+    the acceptance tests. The Triton rows count those scalar reads (p(x), q(x)) once per program and add the
+    workspace: the zeroed counter, per program its partials (a score and an index per row it scans, a 32-byte
+    sector each) and its ticket (an atomic), and the last program's reads of every partial. The CUDA rows
+    count the acceptance reads once and no workspace."""
     cases = []
     scen = [
         ("draft", 64, "B=64 K=4 fp32 q, reject at 1", 2, True, False),
@@ -142,15 +165,24 @@ def rejection_cases():
         cases.append(Case(name=f"rejection_cuda_{tag}", backend="cuda", source="csrc/rejection/rejection_kernels.cu",
                           function=r"rejection_sample_kernelIf", **common,
                           measure=_measure_rejection(batch, has_q, greedy, "cuda")))
+        parts, _ = _rejection_triton_parts(batch)
+        slots = K + 1 if greedy else 1  # partials per program: one per row scanned
+        workspace = batch * (4                                            # the zeroed counter
+                             + parts * (slots * 2 * 32 + 32)              # partial stores, ticket
+                             + slots * 2 * (-(-parts * 4 // 32) * 32))    # the merge's reads
+        triton_common = dict(common, bytes_moved=moved + (parts - 1) * accept_reads + workspace)
         cases.append(Case(name=f"rejection_triton_{tag}", backend="triton",
-                          source="triton_kernels.rejection:rejection_sample_kernel", **common,
+                          source="triton_kernels.rejection:rejection_sample_kernel", **triton_common,
                           triton=dict(types=dict(target_ptr="*fp32", draft_probs_ptr="*fp32", greedy_ptr="*i1",
-                                                 num_accepted_ptr="*i32"),
+                                                 num_accepted_ptr="*i32", scores_ptr="*fp32", index_ptr="*i32",
+                                                 counters_ptr="*i32"),
                                       constexprs=dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=greedy,
                                                       HAS_BONUS_IDS=False, BONUS_ROWS=True, SYNTHETIC=False,
-                                                      vocab=V, BLOCK_K=8, BLOCK=1024),
+                                                      vocab=V, BLOCK_K=8, BLOCK=REJECTION_TRITON_BLOCK,
+                                                      PARTS_BLOCK=min(128, REJECTION_TRITON_MAX_PARTS),
+                                                      WHILE_LOOPS=False),
                                       num_warps=4),
-                          grid=lambda res, batch=batch: (batch, 1),
+                          grid=lambda res, parts=parts, batch=batch: (batch * parts, parts),
                           measure=_measure_rejection(batch, has_q, greedy, "triton")))
     return cases
 

@@ -7,6 +7,8 @@ torch.compile and the Triton launchers live here too.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import _ops, reference
@@ -277,8 +279,47 @@ def _fake_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs
 # ---------------------------------------------------------------------------------------------- triton
 
 
+# Programs per SM the split chain kernel is sized for, as csrc/common/vocab_split.h vocab_parts_for sizes the
+# CUDA kernel: parts per request so that the batch fills the device in one wave. 4 warps each at <= 96
+# registers (the sm_90 build of every variant: 72-90) keep 5 resident per SM.
+_TRITON_PROGRAMS_PER_SM = 5
+_TRITON_MAX_PARTS = 256  # merge width bound (PARTS_BLOCK)
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _triton_block(vocab: int) -> int:
+    """Vocab tile of rejection_sample_kernel: a multiple of 4 (philox_tile)."""
+    return max(4, min(next_pow2(vocab), 8192 if triton_interpreting() else 1024))
+
+
+def _triton_parts(batch: int, tiles: int, resident: int, parts: int | None = None) -> tuple[int, int]:
+    """(parts per request, tiles per part) of rejection_sample_kernel for a row of `tiles` tiles: `parts`
+    when given, else resident // batch (vocab_parts_for's rule), at least 1, at most one tile per part;
+    then as few parts as cover the row with that many tiles each (no empty part)."""
+    if parts is None:
+        parts = resident // batch if batch > 0 else 1
+    parts = max(1, min(parts, tiles, _TRITON_MAX_PARTS))
+    per_part = -(-tiles // parts)
+    return -(-tiles // per_part), per_part
+
+
+def _interpreter_needs_while_loops() -> bool:
+    """Triton before 3.8 interprets a runtime range() bound with int() of a 1-element array, which numpy >= 2.4
+    refuses: the kernel then loops over its slice with `while` (the compiled kernel keeps `for`)."""
+    import triton
+
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    return triton_interpreting() and (major, minor) < (3, 8)
+
+
 def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, offsets, greedy, bonus_token_ids,
-                   rates, batch, max_draft, packed, bonus_rows):
+                   rates, batch, max_draft, packed, bonus_rows, parts=None, block=None, while_loops=None):
+    """Launch rejection_sample_kernel on grid (B, parts). `parts`, `block` and `while_loops` override the
+    launcher's choices (tests: several parts under the interpreter, the while-loop form)."""
     from .triton_kernels.rejection import rejection_sample_kernel
 
     token_ids, num_accepted = _fake_outputs(target_probs, batch, max_draft)
@@ -287,42 +328,57 @@ def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, o
     target = target_probs.contiguous()
     ids = draft_token_ids.contiguous().to(torch.int64)
     vocab = target.shape[-1]
-    block = max(4, min(next_pow2(vocab), 8192 if triton_interpreting() else 1024))  # philox_tile: multiple of 4
+    block = block or _triton_block(vocab)
+    assert block % 4 == 0 and block & (block - 1) == 0, "the vocab tile must be a power of two >= 4"
+    tiles = -(-vocab // block)
+    if triton_interpreting() or target.device.type != "cuda":
+        resident = 2 * batch  # the interpreter runs programs one by one: at most 2 parts by default
+    else:
+        resident = _num_sms(target.device.index if target.device.index is not None
+                            else torch.cuda.current_device()) * _TRITON_PROGRAMS_PER_SM
+    num_parts, tiles_per_part = _triton_parts(batch, tiles, resident, parts)
+    # Per-call workspace: partials [B, K+1, parts] and a ticket counter per request (zeroed on the stream).
+    scores = target.new_empty((batch, max_draft + 1, num_parts), dtype=torch.float32)
+    index = target.new_empty((batch, max_draft + 1, num_parts), dtype=torch.int32)
+    counters = target.new_zeros((batch,), dtype=torch.int32)
     if bonus_token_ids is not None:
         bonus_token_ids = bonus_token_ids.reshape(batch).contiguous()
-    rejection_sample_kernel[(batch,)](
+    rejection_sample_kernel[(batch, num_parts)](
         target, target if draft_probs is None else draft_probs.contiguous(), ids,
         lengths.contiguous().to(torch.int64), seeds.contiguous(), offsets.contiguous(),
         seeds if greedy is None else greedy.contiguous(), token_ids, num_accepted,
         seeds if bonus_token_ids is None else bonus_token_ids,
         target if rates is None else rates.contiguous(),
-        vocab, max_draft, ids.numel(),
+        scores, index, counters,
+        vocab, max_draft, ids.numel(), tiles_per_part, num_parts,
         PACKED=packed, HAS_DRAFT_PROBS=draft_probs is not None, HAS_GREEDY=greedy is not None,
         HAS_BONUS_IDS=bonus_token_ids is not None, BONUS_ROWS=bonus_rows, SYNTHETIC=rates is not None,
         BLOCK_K=next_pow2(max_draft + 1), BLOCK=block,
+        PARTS_BLOCK=next_pow2(min(tiles, _TRITON_MAX_PARTS)),
+        WHILE_LOOPS=_interpreter_needs_while_loops() if while_loops is None else while_loops,
     )
     return token_ids, num_accepted
 
 
 def _triton_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
-                   bonus_token_ids=None, reject_invalid_drafts=False, synthetic_acceptance_rates=None):
+                   bonus_token_ids=None, reject_invalid_drafts=False, synthetic_acceptance_rates=None, **launch):
     # The kernel rejects an id outside the vocabulary wherever it is (reject_invalid_drafts only
     # governs the wrapper's value check on CPU tensors).
     max_draft = draft_token_ids.shape[1]
     return _launch_triton(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
                           bonus_token_ids, synthetic_acceptance_rates, target_probs.shape[0], max_draft,
                           packed=False,
-                          bonus_rows=bonus_token_ids is None or target_probs.shape[1] == max_draft + 1)
+                          bonus_rows=bonus_token_ids is None or target_probs.shape[1] == max_draft + 1, **launch)
 
 
 def _triton_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds, offsets, greedy,
                    max_num_draft_tokens, bonus_token_ids=None, reject_invalid_drafts=False,
-                   synthetic_acceptance_rates=None):
+                   synthetic_acceptance_rates=None, **launch):
     batch = cu_num_draft_tokens.shape[0] - 1
     bonus_rows = bonus_token_ids is None or target_probs.shape[0] == draft_token_ids.shape[0] + batch
     return _launch_triton(target_probs, draft_token_ids, cu_num_draft_tokens, draft_probs, seeds, offsets, greedy,
                           bonus_token_ids, synthetic_acceptance_rates, batch, max_num_draft_tokens, packed=True,
-                          bonus_rows=bonus_rows)
+                          bonus_rows=bonus_rows, **launch)
 
 
 if _ops.native_loaded():

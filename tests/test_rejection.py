@@ -805,6 +805,181 @@ def test_backends_agree_with_all_keywords(cpu_backend, seed, draft_probs):
             assert_same(call_packed(dict(packed, target_probs=rows), cpu_backend, k=k, greedy=greedy), want)
 
 
+# ------------------------------------------------------------------------------------------ Triton: split rows
+# The Triton kernel splits every request's vocabulary over `parts` programs (grid (B, parts)); the program that
+# takes the last ticket merges their partials. Forced here under the interpreter with a 16-entry tile and
+# V = 100: 7 tiles, the last one partial, so slices end mid-row only at V (parts=3: [0, 48), [48, 96), [96, 100)).
+
+SPLIT_VOCAB, SPLIT_BLOCK = 100, 16
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+
+
+def split_call(args, parts, greedy=None, block=SPLIT_BLOCK, while_loops=False, bonus_token_ids=None,
+               synthetic_acceptance_rates=None):
+    """The Triton op's implementation on `parts` programs per request (padded layout)."""
+    from specdec_ops.rejection import _triton_padded
+    from specdec_ops.types import SampleOutput
+    return SampleOutput(*_triton_padded(args["target_probs"], args["draft_token_ids"], args["num_draft_tokens"],
+                                        args["draft_probs"], args["seeds"], args["offsets"], greedy,
+                                        bonus_token_ids, False, synthetic_acceptance_rates, parts=parts,
+                                        block=block, while_loops=while_loops))
+
+
+def split_call_packed(packed, k, parts, greedy=None, block=SPLIT_BLOCK, bonus_token_ids=None,
+                      synthetic_acceptance_rates=None):
+    from specdec_ops.rejection import _triton_packed
+    from specdec_ops.types import SampleOutput
+    return SampleOutput(*_triton_packed(packed["target_probs"], packed["cu_num_draft_tokens"],
+                                        packed["draft_token_ids"], packed["draft_probs"], packed["seeds"],
+                                        packed["offsets"], greedy, k, bonus_token_ids, False,
+                                        synthetic_acceptance_rates, parts=parts, block=block))
+
+
+def test_split_sizing_covers_the_row_without_empty_parts():
+    from specdec_ops.rejection import _triton_parts
+    assert _triton_parts(64, 126, 660) == (10, 13)   # H200: 132 SMs x 5 programs, V = 128256, BLOCK = 1024
+    assert _triton_parts(8, 126, 660) == (63, 2)
+    assert _triton_parts(1000, 126, 660) == (1, 126)  # more requests than resident programs: one part each
+    assert _triton_parts(4, 7, 0, parts=3) == (3, 3)
+    assert _triton_parts(4, 7, 0, parts=5) == (4, 2)  # 5 parts of 2 tiles would leave one empty
+    assert _triton_parts(4, 7, 0, parts=50) == (7, 1)
+    for tiles in range(1, 40):
+        for parts in range(1, 45):
+            got, per_part = _triton_parts(3, tiles, 0, parts=parts)
+            assert 1 <= got <= min(parts, tiles) and (got - 1) * per_part < tiles <= got * per_part
+
+
+@needs_triton
+@pytest.mark.parametrize("parts", [1, 2, 3, 5, 7])
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_split_triton_matches_cpu_op(parts, draft_probs):
+    args = make_batch(12, 4, SPLIT_VOCAB, draft_probs=draft_probs, seed=70 + parts, temperature=0.1)
+    agree = torch.rand(12, 4, generator=torch.Generator().manual_seed(parts)) < 0.8
+    args["draft_token_ids"][agree] = torch.argmax(args["target_probs"][:, :4], -1)[agree]  # greedy walks go on
+    greedy = torch.arange(12) % 3 == 1
+    want = call(args, "cpu", greedy)
+    assert want.num_accepted.max() >= 2 and (want.num_accepted == 0).any()
+    assert_same(split_call(args, parts, greedy), want)
+    if parts == 3:
+        assert_same(split_call(args, parts, greedy, while_loops=True), want)  # triton 3.6's interpreted form
+        assert_same(split_call(args, parts, greedy, block=4), want)  # 25 tiles of 4: 3 parts of 9, 9, 7
+
+
+def _peaked(batch, k, peaks):
+    """p one-hot (mass 1) at peaks[b][row]: every race and argmax has one possible winner."""
+    p = torch.zeros(batch, k + 1, SPLIT_VOCAB)
+    for b, row in enumerate(peaks):
+        for r, i in enumerate(row):
+            p[b, r, i] = 1.0
+    return p
+
+
+@needs_triton
+@pytest.mark.parametrize("parts", [2, 3, 7])
+def test_split_winners_at_the_ends_of_slices(parts):
+    # Winners at the first and last entries of the slices (47, 48, 95, 96, 99 with 3 parts; 63, 64 with 2;
+    # 15, 16, ... with 7): a part that skips its slice's first or last tile, or the row's partial last tile,
+    # loses them. Sampling: one-hot drafts rejected at row 0 (p(x) = 0), the correction is the peak; all
+    # accepted, the bonus is the peak. Greedy: the walk follows the peaks to the bonus row's.
+    ends = [0, 15, 16, 47, 48, 63, 64, 95, 96, 99]
+    batch, k = len(ends), 2
+    peaks = [[e, ends[(i + 3) % len(ends)], ends[(i + 5) % len(ends)]] for i, e in enumerate(ends)]
+    p = _peaked(batch, k, peaks)
+    rejected = torch.tensor([[(row[0] + 1) % SPLIT_VOCAB, 0] for row in peaks])
+    accepted = torch.tensor([row[:k] for row in peaks])
+    base = dict(target_probs=p, num_draft_tokens=torch.full((batch,), k), draft_probs=None,
+                seeds=torch.arange(batch) + 5, offsets=torch.zeros(batch, dtype=torch.int64))
+    for ids, greedy, want_tokens, want_accepted in (
+            (rejected, None, [[row[0], -1, -1] for row in peaks], [0] * batch),
+            (accepted, None, peaks, [k] * batch),
+            (accepted, torch.ones(batch, dtype=torch.bool), peaks, [k] * batch),
+            (rejected, torch.ones(batch, dtype=torch.bool), [[row[0], -1, -1] for row in peaks], [0] * batch)):
+        args = dict(base, draft_token_ids=ids)
+        out = split_call(args, parts, greedy)
+        assert out.token_ids.tolist() == want_tokens and out.num_accepted.tolist() == want_accepted
+        assert_same(out, call(args, "cpu", greedy))
+
+
+@needs_triton
+@pytest.mark.parametrize("parts", [2, 3, 7])
+def test_split_ties_take_the_first_index_across_parts(parts):
+    # Equal maxima in different parts (greedy), and rows without any mass (every score 0: token 0): the
+    # merge keeps the smallest index among the largest scores, as one program over the row would.
+    batch = 4
+    p = torch.zeros(batch, 2, SPLIT_VOCAB)
+    p[0, 0, [47, 48, 99]] = 0.25   # greedy ties across parts 0, 1, 2 (3 parts) -> 47
+    p[1, 0, [20, 99]] = 0.5        # -> 20
+    p[2, 0, 99] = p[2, 0, 98] = 0.5  # -> 98
+    p[0:3, 1, 5] = 1.0
+    # request 3: sampling, draft rejected at 0 on a row with no mass at all (NaN, negative, zero): token 0
+    p[3, 0, :] = float("nan")
+    p[3, 0, 50:] = -1.0
+    args = dict(target_probs=p, draft_token_ids=torch.tensor([[99], [99], [99], [7]]),
+                num_draft_tokens=torch.ones(batch, dtype=torch.int64), draft_probs=None,
+                seeds=torch.arange(batch), offsets=torch.zeros(batch, dtype=torch.int64))
+    greedy = torch.tensor([True, True, True, False])
+    out = split_call(args, parts, greedy)
+    assert out.token_ids[:, 0].tolist() == [47, 20, 98, 0] and out.num_accepted.tolist() == [0, 0, 0, 0]
+    assert_same(out, call(args, "cpu", greedy))
+
+
+@needs_triton
+@pytest.mark.parametrize("parts", [1, 3, 7])
+def test_split_residual_without_mass_races_over_p(parts):
+    # q == p on the draft row and p(x) = 0: x is rejected (u q(x) < p(x) fails) and max(p - q, 0) has no
+    # mass, so the correction is the race over p (the last program reruns it over the whole row).
+    args = make_batch(8, 2, SPLIT_VOCAB, draft_probs=True, seed=81, ragged=False)
+    p, q, ids = args["target_probs"], args["draft_probs"], args["draft_token_ids"]
+    for b in range(8):
+        p[b, 0, ids[b, 0]] = 0.0
+        q[b, 0] = p[b, 0]
+    want = call(args, "cpu")
+    assert (want.num_accepted == 0).all()
+    assert torch.equal(want.token_ids, call(args, "reference").token_ids)
+    corrections = want.token_ids[:, 0]
+    assert (p[torch.arange(8), 0, corrections] > 0).all() and len(set(corrections.tolist())) > 2  # raced over p
+    assert_same(split_call(args, parts), want)
+
+
+@needs_triton
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_split_all_accepted_races_over_the_bonus_row(draft_probs):
+    args = _accepting_batch(batch=10, k=3, vocab=SPLIT_VOCAB, seed=82, draft_probs=draft_probs)
+    args["num_draft_tokens"] = torch.tensor([3, 3, 2, 1, 0, 3, 3, 2, 3, 1])
+    want = call(args, "cpu")
+    full = want.num_accepted.long() == args["num_draft_tokens"]
+    assert full.sum() >= 6 and (~full).any()
+    for parts in (2, 3, 7):
+        assert_same(split_call(args, parts), want)
+
+
+@needs_triton
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_split_packed_layout_and_keywords(draft_probs):
+    args = make_batch(9, 4, SPLIT_VOCAB, draft_probs=draft_probs, seed=83, temperature=0.5)
+    ids = args["draft_token_ids"]
+    agree = torch.rand(9, 4, generator=torch.Generator().manual_seed(83)) < 0.6
+    ids[agree] = torch.argmax(args["target_probs"][:, :4], -1)[agree]
+    ids[2, 1] = -1  # placeholders: rejected at their position
+    ids[5, 0] = SPLIT_VOCAB
+    greedy = torch.arange(9) % 3 == 0
+    bonus = (torch.arange(9) * 11 + 3) % SPLIT_VOCAB
+    rates = torch.tensor([0.9, 0.7, 0.5, 0.8])
+    packed = to_packed(args)
+    n = args["num_draft_tokens"]
+    rows = torch.cat([args["target_probs"][b, : int(n[b])] for b in range(9)])  # [T, V]: no bonus rows
+    for kw in ({}, dict(bonus_token_ids=bonus), dict(synthetic_acceptance_rates=rates),
+               dict(bonus_token_ids=bonus, synthetic_acceptance_rates=rates)):
+        want = call(dict(args, reject_invalid_drafts=True, **kw), "reference", greedy)
+        for parts in (2, 3):
+            assert_same(split_call(args, parts, greedy, **kw), want)
+            assert_same(split_call_packed(packed, 4, parts, greedy, **kw), want)
+            if "bonus_token_ids" in kw:  # the bonus rows omitted in both layouts
+                short = dict(args, target_probs=args["target_probs"][:, :4].contiguous())
+                assert_same(split_call(short, parts, greedy, **kw), want)
+                assert_same(split_call_packed(dict(packed, target_probs=rows), 4, parts, greedy, **kw), want)
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("bonus_token_ids", torch.tensor([1, 2, 3]), "bonus_token_ids"),
     ("bonus_token_ids", torch.tensor([[1, 2], [3, 4]]), "bonus_token_ids"),

@@ -187,3 +187,25 @@ def test_every_triton_row_sets_every_constexpr_of_its_kernel():
         assert constexprs, f"{case.name}: no constexpr parameters found in {case.source}"
         missing = [n for n in constexprs if n not in case.triton["constexprs"]]
         assert not missing, f"{case.name}: no value for constexpr {missing} in bench/roofline.py"
+
+
+def test_rejection_triton_parts_mirror_the_launcher():
+    """The Triton chain rows size their grid as specdec_ops/rejection.py's launcher does on an H200."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from specdec_ops import rejection
+
+    assert roofline.REJECTION_TRITON_PROGRAMS_PER_SM == rejection._TRITON_PROGRAMS_PER_SM
+    assert roofline.REJECTION_TRITON_MAX_PARTS == rejection._TRITON_MAX_PARTS
+    tiles = -(-roofline.V // roofline.REJECTION_TRITON_BLOCK)
+    for batch in (1, 8, 64, 65, 132, 500, 1000):
+        assert roofline._rejection_triton_parts(batch) == rejection._triton_parts(
+            batch, tiles, roofline.SMS * rejection._TRITON_PROGRAMS_PER_SM)
+    cases = {c.name: c for c in roofline.rejection_cases()}
+    res = dict(threads=128, regs=80, shared=1024)
+    assert cases["rejection_triton_draft"].grid(res) == (64 * 10, 10)   # B=64: 10 parts of 13 tiles
+    assert cases["rejection_triton_draft_b8"].grid(res) == (8 * 63, 63)  # B=8: 63 parts of 2 tiles
+    for name in ("rejection_triton_draft", "rejection_triton_greedy"):  # the workspace is counted
+        assert cases[name].bytes_moved > cases[name.replace("triton", "cuda")].bytes_moved

@@ -1,13 +1,26 @@
 """Chain rejection sampling in Triton (DESIGN.md §5.2), the same semantics and
-random numbers as csrc/sampling (one program per request).
+random numbers as csrc/sampling, each request split over several programs.
 
-Each program: the acceptance tests of all drafts at once (one uniform each),
-the first rejection by a min-reduction, then a single exponential race over
-one row (residual at the first rejection, or the bonus row), tiled over the
-vocabulary. Greedy requests walk rows with a tiled argmax until the first
-mismatch. Races and argmaxes keep per-lane running bests (one tile-wide reduction per
-row); one Philox block serves 4 consecutive entries (philox_tile). `vocab` is
-specialized (divisible by 16: aligned rows, vectorized loads).
+Grid (B, S): program (b, s) owns the vocab slice [s * L, min((s + 1) * L, V)) of
+request b's rows, L a multiple of the tile BLOCK (the launcher picks S from the
+SM count and the batch so that the grid fills the GPU in one wave; S = 1 is the
+one-program form). Every program: the acceptance tests of all drafts at once
+(one uniform each, the same in every program: O(K) loads), the first rejection
+by a min-reduction, then an exponential race (or, greedy, argmax) over its
+slice of one row (residual at the first rejection, or the bonus row); greedy
+requests take the argmax of their slice of every row the walk may visit. Each
+program writes its partial (best score, first index) per row into a per-call
+workspace, then takes a ticket on a per-request counter (atomic, acq_rel, its
+stores ordered before it by a barrier); the program that draws the last ticket
+merges the partials (largest score, then smallest index: exactly the race or
+argmax over the whole row, since every entry's noise is keyed by its global
+index) and writes the outputs; greedy requests are walked there row by row
+until the first mismatch. A residual without mass (rounding) is rerun there as
+the race over p over the whole row (rare). No program waits for another (the
+interpreter runs programs one after another). Races and argmaxes keep per-lane
+running bests (one tile-wide reduction per slice); one Philox block serves 4
+consecutive entries (philox_tile). `vocab` is specialized (divisible by 16:
+aligned rows, vectorized loads).
 
 Engine keywords (issue #14), each a constexpr so that a launch without them compiles
 to the same code: HAS_BONUS_IDS (a fully accepted request emits its given id, clamped
@@ -60,84 +73,91 @@ def row_argmax(row_ptr, vocab, BLOCK: tl.constexpr):
     return index.to(tl.int64)
 
 
+
 @triton.jit
-def race_pass(p_row_ptr, q_row_ptr, draft, use_q, vocab, seed, offset, position, purpose, HAS_Q: tl.constexpr,
-              BLOCK: tl.constexpr):
-    """Exponential race over max(p - q, 0) if `use_q` (q one-hot at `draft` without HAS_Q), else over p:
-    (best score, first index of it). Scores mass / noise, rounded to nearest as the C++ and CUDA kernels;
-    0 without mass (0 / noise); entries past the row load 0 and never win (see row_argmax)."""
-    offs = tl.arange(0, BLOCK)
+def _argmax_tile(row_ptr, start, best, best_index, vocab, BLOCK: tl.constexpr):
+    idx = start + tl.arange(0, BLOCK)
+    p = tl.load(row_ptr + idx, mask=idx < vocab, other=0.0).to(tl.float32)
+    return lane_argmax_update(prob_mass(p), idx, best, best_index)
+
+
+@triton.jit
+def slice_argmax(row_ptr, lo, hi, vocab, BLOCK: tl.constexpr, WHILE_LOOPS: tl.constexpr):
+    """(largest prob_mass, its first index) over entries [lo, hi) of one row, lo a multiple of BLOCK (int32
+    scalars); (-1, 0) for an empty slice. Entries past the row load 0 and never win (see row_argmax: the
+    slice's own first entry has at least that score and a smaller index)."""
     best = tl.full([BLOCK], -1.0, tl.float32)
     best_index = tl.zeros([BLOCK], tl.int32)
-    q_end = tl.where(use_q, vocab, 0)   # q entries read: [0, q_end)
-    q_at = tl.where(use_q, draft, -1)   # one-hot q: its entry (-1: none)
-    for start in range(0, vocab, BLOCK):
-        idx = start + offs
-        mass = prob_mass(tl.load(p_row_ptr + idx, mask=idx < vocab, other=0.0).to(tl.float32))
-        if HAS_Q:
-            # Masks from one comparison: a block & a scalar bool is no mask in triton 3.9's interpreter.
-            q = prob_mass(tl.load(q_row_ptr + idx, mask=idx < q_end, other=0.0).to(tl.float32))
-        else:
-            q = tl.where(idx == q_at, 1.0, 0.0)
-        diff = mass - q
-        score = tl.math.div_rn(tl.where(diff > 0, diff, 0.0),
-                               exp_noise(philox_tile(seed, offset, position, purpose, start, BLOCK)))
-        best, best_index = lane_argmax_update(score, idx, best, best_index)
+    if WHILE_LOOPS:  # triton 3.6's interpreter cannot take a runtime range() bound
+        start = lo
+        while start < hi:
+            best, best_index = _argmax_tile(row_ptr, start, best, best_index, vocab, BLOCK)
+            start += BLOCK
+    else:
+        for start in range(lo, hi, BLOCK):
+            best, best_index = _argmax_tile(row_ptr, start, best, best_index, vocab, BLOCK)
     return lanes_argmax(best, best_index)
 
 
 @triton.jit
-def row_race(p_row_ptr, q_row_ptr, draft, residual, vocab, seed, offset, position, HAS_Q: tl.constexpr,
-             BLOCK: tl.constexpr):
-    """Exponential race over max(p - q, 0) when `residual` (falling back to p if
-    it has no mass; q one-hot at `draft` without HAS_Q), over p otherwise (int64 scalar).
-    One race per entry; the fallback reruns the row with the same noise."""
-    purpose = tl.where(residual, PURPOSE_RESIDUAL, PURPOSE_BONUS)
-    best, index = race_pass(p_row_ptr, q_row_ptr, draft, residual, vocab, seed, offset, position, purpose,
-                            HAS_Q, BLOCK)
-    if residual & (best <= 0):
-        best, index = race_pass(p_row_ptr, q_row_ptr, draft, residual & (best > 0), vocab, seed, offset,
-                                position, purpose, HAS_Q, BLOCK)
-    return index.to(tl.int64)
+def _race_tile(p_row_ptr, q_row_ptr, q_end, q_at, start, best, best_index, vocab, seed, offset, position, purpose,
+               HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+    idx = start + tl.arange(0, BLOCK)
+    mass = prob_mass(tl.load(p_row_ptr + idx, mask=idx < vocab, other=0.0).to(tl.float32))
+    if HAS_Q:
+        # Masks from one comparison: a block & a scalar bool is no mask in triton 3.9's interpreter.
+        q = prob_mass(tl.load(q_row_ptr + idx, mask=idx < q_end, other=0.0).to(tl.float32))
+    else:
+        q = tl.where(idx == q_at, 1.0, 0.0)
+    diff = mass - q
+    score = tl.math.div_rn(tl.where(diff > 0, diff, 0.0),
+                           exp_noise(philox_tile(seed, offset, position, purpose, start, BLOCK)))
+    return lane_argmax_update(score, idx, best, best_index)
 
 
 @triton.jit
-def _race_at(target_ptr, draft_probs_ptr, draft_ids_ptr, target_base, draft_base, accepted, residual, vocab, seed,
-             offset, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
-    """The token emitted at position `accepted`: the race over the residual after its rejected draft
-    (`residual`), else the bonus race over the row."""
-    x_rejected = tl.load(draft_ids_ptr + draft_base + accepted, mask=residual, other=-1)
-    return row_race(target_ptr + (target_base + accepted) * vocab, draft_probs_ptr + (draft_base + accepted) * vocab,
-                    x_rejected, residual, vocab, seed, offset, accepted, HAS_Q, BLOCK)
+def race_pass(p_row_ptr, q_row_ptr, draft, use_q, lo, hi, vocab, seed, offset, position, purpose,
+              HAS_Q: tl.constexpr, BLOCK: tl.constexpr, WHILE_LOOPS: tl.constexpr):
+    """Exponential race over max(p - q, 0) if `use_q` (q one-hot at `draft` without HAS_Q), else over p, on
+    entries [lo, hi) of the row (lo a multiple of BLOCK): (best score, first index of it), (-1, 0) for an
+    empty slice. Scores mass / noise, rounded to nearest as the C++ and CUDA kernels; 0 without mass
+    (0 / noise); entries past the row load 0 and never win (see slice_argmax). The noise of entry i is
+    keyed by i alone (philox_tile at the global `start`), so any slicing gives every entry its score."""
+    best = tl.full([BLOCK], -1.0, tl.float32)
+    best_index = tl.zeros([BLOCK], tl.int32)
+    q_end = tl.where(use_q, vocab, 0)   # q entries read: [0, q_end)
+    # one-hot q: its entry, -1 for none (a draft outside [0, V) has none: int32 then cannot alias an entry)
+    q_at = tl.where(use_q & (draft >= 0) & (draft < vocab), draft, -1).to(tl.int32)
+    if WHILE_LOOPS:
+        start = lo
+        while start < hi:
+            best, best_index = _race_tile(p_row_ptr, q_row_ptr, q_end, q_at, start, best, best_index, vocab, seed,
+                                          offset, position, purpose, HAS_Q, BLOCK)
+            start += BLOCK
+    else:
+        for start in range(lo, hi, BLOCK):
+            best, best_index = _race_tile(p_row_ptr, q_row_ptr, q_end, q_at, start, best, best_index, vocab, seed,
+                                          offset, position, purpose, HAS_Q, BLOCK)
+    return lanes_argmax(best, best_index)
 
 
-@triton.jit(do_not_specialize=["num_draft_rows"])
-def rejection_sample_kernel(
-    target_ptr,          # [rows, V] probabilities
-    draft_probs_ptr,     # [draft rows, V] (any valid pointer without HAS_DRAFT_PROBS)
-    draft_ids_ptr,       # int64 [draft rows]
-    lengths_ptr,         # int64: num_draft_tokens [B] (padded) or cu_num_draft_tokens [B+1] (packed)
-    seeds_ptr,           # int64 [B]
-    offsets_ptr,         # int64 [B]
-    greedy_ptr,          # bool [B] (any valid pointer without HAS_GREEDY)
-    token_ids_ptr,       # int64 out [B, K+1]
-    num_accepted_ptr,    # int32 out [B]
-    bonus_ids_ptr,       # int64 [B] (any valid pointer without HAS_BONUS_IDS)
-    rates_ptr,           # float32 [R >= K] (any valid pointer without SYNTHETIC)
-    vocab: tl.constexpr,  # fixed per model: specialized (aligned rows, vectorized loads, static loop bounds)
-    max_draft,
-    num_draft_rows,
-    PACKED: tl.constexpr,
-    HAS_DRAFT_PROBS: tl.constexpr,
-    HAS_GREEDY: tl.constexpr,
-    HAS_BONUS_IDS: tl.constexpr,
-    BONUS_ROWS: tl.constexpr,  # whether the target holds a bonus row per request (False only with HAS_BONUS_IDS)
-    SYNTHETIC: tl.constexpr,
-    BLOCK_K: tl.constexpr,   # power of two >= K + 1
-    BLOCK: tl.constexpr,     # vocab tile
-):
-    b = tl.program_id(0).to(tl.int64)
-    # Rows of request b, clamped so malformed lengths never address outside the inputs.
+@triton.jit
+def merge_parts(scores_ptr, index_ptr, base, num_parts, PARTS_BLOCK: tl.constexpr):
+    """Merge of the partials base .. base + num_parts - 1 (one slot of one request, written by the other
+    programs before their tickets): (largest score, smallest index among those with it), the result of one
+    race or argmax over the whole row. .cg loads: read from L2, where the other programs' stores are."""
+    ps = tl.arange(0, PARTS_BLOCK)
+    live = ps < num_parts
+    score = tl.load(scores_ptr + base + ps, mask=live, other=-2.0, cache_modifier=".cg")
+    index = tl.load(index_ptr + base + ps, mask=live, other=0x7FFFFFFF, cache_modifier=".cg")
+    top = tl.max(score, 0)
+    return top, tl.min(tl.where(score == top, index, 0x7FFFFFFF), 0)
+
+
+@triton.jit
+def request_rows(lengths_ptr, b, max_draft, num_draft_rows, PACKED: tl.constexpr, BONUS_ROWS: tl.constexpr):
+    """(n, first target row, first draft row) of request b, clamped so malformed lengths never address outside
+    the inputs."""
     if PACKED:
         lo = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), num_draft_rows)
         hi = tl.minimum(tl.maximum(tl.load(lengths_ptr + b + 1), lo), num_draft_rows)
@@ -154,11 +174,53 @@ def rejection_sample_kernel(
         else:
             target_base = b * max_draft
         draft_base = b * max_draft
+    return n, target_base, draft_base
+
+
+@triton.jit(do_not_specialize=["num_draft_rows", "tiles_per_part", "num_parts"])
+def rejection_sample_kernel(
+    target_ptr,          # [rows, V] probabilities
+    draft_probs_ptr,     # [draft rows, V] (any valid pointer without HAS_DRAFT_PROBS)
+    draft_ids_ptr,       # int64 [draft rows]
+    lengths_ptr,         # int64: num_draft_tokens [B] (padded) or cu_num_draft_tokens [B+1] (packed)
+    seeds_ptr,           # int64 [B]
+    offsets_ptr,         # int64 [B]
+    greedy_ptr,          # bool [B] (any valid pointer without HAS_GREEDY)
+    token_ids_ptr,       # int64 out [B, K+1]
+    num_accepted_ptr,    # int32 out [B]
+    bonus_ids_ptr,       # int64 [B] (any valid pointer without HAS_BONUS_IDS)
+    rates_ptr,           # float32 [R >= K] (any valid pointer without SYNTHETIC)
+    scores_ptr,          # float32 workspace [B, K+1, parts]: each part's best score per slot
+    index_ptr,           # int32 workspace [B, K+1, parts]: its first index
+    counters_ptr,        # int32 workspace [B], zeroed by the launcher: tickets taken per request
+    vocab: tl.constexpr,  # fixed per model: specialized (aligned rows, vectorized loads)
+    max_draft,
+    num_draft_rows,
+    tiles_per_part,      # part s covers entries [s * L, min((s + 1) * L, V)), L = tiles_per_part * BLOCK
+    num_parts,           # programs per request (grid axis 1)
+    PACKED: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    HAS_GREEDY: tl.constexpr,
+    HAS_BONUS_IDS: tl.constexpr,
+    BONUS_ROWS: tl.constexpr,  # whether the target holds a bonus row per request (False only with HAS_BONUS_IDS)
+    SYNTHETIC: tl.constexpr,
+    BLOCK_K: tl.constexpr,   # power of two >= K + 1
+    BLOCK: tl.constexpr,     # vocab tile
+    PARTS_BLOCK: tl.constexpr,  # power of two >= num_parts
+    WHILE_LOOPS: tl.constexpr,  # slice loops as while loops (triton 3.6's interpreter: no runtime range() bound)
+):
+    b = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    n, target_base, draft_base = request_rows(lengths_ptr, b, max_draft, num_draft_rows, PACKED, BONUS_ROWS)
     seed = tl.load(seeds_ptr + b)
     offset = tl.load(offsets_ptr + b)
     greedy = 0
     if HAS_GREEDY:
         greedy = tl.load(greedy_ptr + b).to(tl.int32)
+    # This program's slice of the vocabulary: whole tiles, so the noise of every entry is unchanged.
+    v_lo = part * (tiles_per_part * BLOCK)
+    v_hi = tl.minimum(v_lo + tiles_per_part * BLOCK, vocab)
+    slot0 = b * (max_draft + 1) * num_parts  # partials of request b: slot k of part s at slot0 + k * parts + s
 
     ks = tl.arange(0, BLOCK_K).to(tl.int64)
     in_draft = ks < n
@@ -166,30 +228,29 @@ def rejection_sample_kernel(
     walk = greedy != 0  # greedy verification walks the argmaxes of the rows
     if SYNTHETIC:
         walk = False  # every request takes the synthetic test
+    argmax_only = False
+    if SYNTHETIC:
+        argmax_only = greedy != 0  # a greedy request's correction (or bonus) is an argmax
 
+    # 1. Every part: the acceptance tests (the same in every part), then its slice of the row(s).
+    accepted = n.to(tl.int32)  # int32: one register across the race
+    residual = n < 0
     if walk:
+        # The argmax of the slice of every row the walk may visit (the merge walks them).
+        rows = n + 1
+        if HAS_BONUS_IDS:  # the bonus row is never read
+            rows = n
         k = tl.full([], 0, tl.int64)
-        accepted = n
-        final = tl.full([], 0, tl.int64)
-        searching = 1
-        if HAS_BONUS_IDS:  # the bonus row is never read: stop after the last draft row
-            final = tl.minimum(tl.maximum(tl.load(bonus_ids_ptr + b), 0), vocab - 1)
-            searching = tl.where(n > 0, 1, 0)
-        while searching != 0:
-            best = row_argmax(target_ptr + (target_base + k) * vocab, vocab, BLOCK)
-            x_k = tl.load(draft_ids_ptr + draft_base + k, mask=k < n, other=-1)
-            stop = (k >= n) | (x_k != best)
-            accepted = tl.where(stop, k, accepted)
-            final = tl.where(stop, best, final)
-            searching = tl.where(stop, 0, 1)
+        while k < rows:
+            top, index = slice_argmax(target_ptr + (target_base + k) * vocab, v_lo, v_hi, vocab, BLOCK, WHILE_LOOPS)
+            tl.store(scores_ptr + slot0 + k * num_parts + part, top)
+            tl.store(index_ptr + slot0 + k * num_parts + part, index)
             k += 1
-            if HAS_BONUS_IDS:
-                searching = tl.where(k >= n, 0, searching)
     else:
         in_vocab = (x >= 0) & (x < vocab)
         u = bits_to_uniform(philox_bits(seed, offset, ks, PURPOSE_ACCEPT, tl.zeros([BLOCK_K], tl.int64)))
         if SYNTHETIC:
-            # Masks from one comparison (see race_pass): in_draft alone, then in_vocab in `ok`.
+            # Masks from one comparison (see _race_tile): in_draft alone, then in_vocab in `ok`.
             rate = tl.load(rates_ptr + ks, mask=in_draft, other=0.0)
             ok = in_vocab & (u < rate)
         else:
@@ -200,26 +261,66 @@ def rejection_sample_kernel(
             else:
                 q_x = tl.full([BLOCK_K], 1.0, tl.float32)
             ok = in_vocab & (u * q_x < prob_mass(p_x.to(tl.float32)))
-        accepted = tl.min(tl.where(in_draft & ~ok, ks, n), 0)
+        accepted = tl.min(tl.where(in_draft & ~ok, ks, n), 0).to(tl.int32)
         residual = accepted < n
-        argmax_only = False
-        if SYNTHETIC:
-            argmax_only = greedy != 0  # a greedy request's correction (or bonus) is an argmax
+        reads_row = True
+        if HAS_BONUS_IDS:
+            reads_row = residual  # else the given id: the bonus row is never read
+        if reads_row:
+            p_row = target_ptr + (target_base + accepted) * vocab
+            if argmax_only:
+                top, index = slice_argmax(p_row, v_lo, v_hi, vocab, BLOCK, WHILE_LOOPS)
+            else:
+                x_rejected = tl.load(draft_ids_ptr + draft_base + accepted, mask=residual, other=-1)
+                purpose = tl.where(residual, PURPOSE_RESIDUAL, PURPOSE_BONUS)
+                top, index = race_pass(p_row, draft_probs_ptr + (draft_base + accepted) * vocab, x_rejected,
+                                       residual, v_lo, v_hi, vocab, seed, offset, accepted, purpose,
+                                       HAS_DRAFT_PROBS, BLOCK, WHILE_LOOPS)
+            tl.store(scores_ptr + slot0 + part, top)
+            tl.store(index_ptr + slot0 + part, index)
+
+    # 2. A ticket per part (its stores ordered before it); the part that draws the last one merges.
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counters_ptr + b, 1, sem="acq_rel", scope="gpu")
+    if ticket == num_parts - 1:
+        # The request's rows again (reloaded after the ticket: nothing of them stays live across the race).
+        n, target_base, draft_base = request_rows(lengths_ptr, b, max_draft, num_draft_rows, PACKED, BONUS_ROWS)
+        final = tl.full([], 0, tl.int64)
         if HAS_BONUS_IDS:
             final = tl.minimum(tl.maximum(tl.load(bonus_ids_ptr + b), 0), vocab - 1)
-            if residual:  # else the given id: the bonus row is never read
-                if argmax_only:
-                    final = row_argmax(target_ptr + (target_base + accepted) * vocab, vocab, BLOCK)
-                else:
-                    final = _race_at(target_ptr, draft_probs_ptr, draft_ids_ptr, target_base, draft_base,
-                                     accepted, residual, vocab, seed, offset, HAS_DRAFT_PROBS, BLOCK)
-        elif argmax_only:
-            final = row_argmax(target_ptr + (target_base + accepted) * vocab, vocab, BLOCK)
+        if walk:
+            k = tl.full([], 0, tl.int32)
+            searching = 1
+            if HAS_BONUS_IDS:  # the bonus row is never read: stop after the last draft row
+                searching = tl.where(n > 0, 1, 0)
+            while searching != 0:
+                _, best = merge_parts(scores_ptr, index_ptr, slot0 + k * num_parts, num_parts, PARTS_BLOCK)
+                best = best.to(tl.int64)
+                x_k = tl.load(draft_ids_ptr + draft_base + k, mask=k < n, other=-1)
+                stop = (k >= n) | (x_k != best)
+                accepted = tl.where(stop, k, accepted)
+                final = tl.where(stop, best, final)
+                searching = tl.where(stop, 0, 1)
+                k += 1
+                if HAS_BONUS_IDS:
+                    searching = tl.where(k >= n, 0, searching)
         else:
-            final = _race_at(target_ptr, draft_probs_ptr, draft_ids_ptr, target_base, draft_base, accepted,
-                             residual, vocab, seed, offset, HAS_DRAFT_PROBS, BLOCK)
+            reads_row = True
+            if HAS_BONUS_IDS:
+                reads_row = residual
+            if reads_row:
+                top, index = merge_parts(scores_ptr, index_ptr, slot0, num_parts, PARTS_BLOCK)
+                if not argmax_only:
+                    if residual & (top <= 0):
+                        # The residual has no mass (rounding): the race over p, the same noise, over the
+                        # whole row in this program alone (rare: correctness over speed).
+                        _, index = race_pass(target_ptr + (target_base + accepted) * vocab, draft_probs_ptr,
+                                             -1, residual & (top > 0), 0, vocab, vocab, seed, offset, accepted,
+                                             PURPOSE_RESIDUAL, HAS_DRAFT_PROBS, BLOCK, WHILE_LOOPS)
+                final = index.to(tl.int64)
 
-    js = tl.arange(0, BLOCK_K).to(tl.int64)
-    out = tl.where(js < accepted, x, tl.where(js == accepted, final, -1))
-    tl.store(token_ids_ptr + b * (max_draft + 1) + js, out, mask=js <= max_draft)
-    tl.store(num_accepted_ptr + b, accepted.to(tl.int32))
+        js = tl.arange(0, BLOCK_K).to(tl.int64)
+        drafts = tl.load(draft_ids_ptr + draft_base + js, mask=js < accepted, other=-1)
+        out = tl.where(js < accepted, drafts, tl.where(js == accepted, final, -1))
+        tl.store(token_ids_ptr + b * (max_draft + 1) + js, out, mask=js <= max_draft)
+        tl.store(num_accepted_ptr + b, accepted)
