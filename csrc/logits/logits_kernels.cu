@@ -617,18 +617,33 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
   if (threadIdx.x == 0) p.num_accepted[b] = static_cast<int32_t>(k);
 }
 
+// `v` as a value the compiler cannot prove loop-invariant (an empty asm statement, no instruction).
+// Passing the Philox seed through it inside a loop keeps the key schedule of the 10 rounds (two
+// adds per round) in the loop body instead of hoisting it into 18 registers held across the loop.
+__device__ __forceinline__ uint64_t opaque_u64(uint64_t v) {
+  asm volatile("" : "+l"(v));
+  return v;
+}
+
 // Tree walk of logits_cpu.cpp tree_request (tree_verify_math.h) with one block per request:
 // every thread runs the same scalar walk (all branch conditions are block-uniform: they
 // depend on block reductions and on the workspace, written by thread 0 before a barrier);
 // vocab-wide steps are block reductions over the current node's row, whose probabilities
-// are computed from its logits and row statistics (entered once per node).
+// are computed from its logits and row statistics (entered once per node). The request's
+// sampling parameters and the current node's statistics are block-uniform and live in shared
+// memory rather than registers, and the final race recomputes its Philox key schedule per group
+// (opaque_u64): at 1024 threads a thread has 64 registers, which the walk's state held across the
+// race loop would otherwise exceed (spills on sm_90).
 template <typename T, typename Q>
 __global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kernel(const LogitsTreeParams p) {
   __shared__ Shared sh;
+  __shared__ RowSampling s;
+  __shared__ RowStats r;
   const int64_t b = blockIdx.x, N = p.max_nodes, V = p.vocab;
   const int64_t n = tree_num_nodes(p.num_nodes, b, N);
-  const RowSampling s = row_sampling(p.sampling.temperature, p.sampling.top_k, p.sampling.top_p, p.sampling.min_p,
-                                     b, V);
+  if (threadIdx.x == 0)
+    s = row_sampling(p.sampling.temperature, p.sampling.top_k, p.sampling.top_p, p.sampling.min_p, b, V);
+  __syncthreads();
   const T* logits = static_cast<const T*>(p.target_logits) + b * N * V;
   const Q* draft = static_cast<const Q*>(p.draft_probs);
   const int64_t* tokens = p.tree_token_ids + b * N;
@@ -644,7 +659,13 @@ __global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kern
   int64_t u = 0, k = 0;
   const T* row = logits;
   const Q* q_row = draft != nullptr ? draft + b * N * V : nullptr;
-  RowStats r = row_stats(row, V, s, sh);
+  // Every thread gets the same statistics (block reductions); one writes them for all.
+  const auto enter_row = [&]() {
+    const RowStats stats = row_stats(row, V, s, sh);
+    if (threadIdx.x == 0) r = stats;
+    __syncthreads();
+  };
+  enter_row();
   if (threadIdx.x == 0) out_path[0] = 0;
   const auto move_to = [&](int64_t c, int64_t x) {
     const float value = lp != nullptr ? token_logprob(row, V, x, r, s, sh) : 0.f;
@@ -657,7 +678,8 @@ __global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kern
     u = c;
     row = logits + u * V;
     if (draft != nullptr) q_row = draft + (b * N + u) * V;
-    r = row_stats(row, V, s, sh);
+    __syncthreads();  // every thread has read the previous row's statistics
+    enter_row();
   };
 
   int64_t final_token = 0;
@@ -725,20 +747,27 @@ __global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kern
       }
     }
     const uint32_t purpose = tree_final_purpose(rejected);
-    ArgMax best = argmax_init();
-    for (int64_t g = threadIdx.x; 4 * g < V; g += blockDim.x) {
-      const Philox4 bits = philox_block(seed, offset, static_cast<uint32_t>(u), purpose, static_cast<uint32_t>(g));
+    // One loop per kind of draft (the residual after draft_probs, or p without the zeroed
+    // tokens), so that neither carries the other's state through the Philox rounds.
+    const auto race = [&](auto mass_of) {
+      ArgMax best = argmax_init();
+      // 32-bit group index (Philox counts groups in 32 bits).
+      for (uint32_t g = threadIdx.x; 4 * static_cast<int64_t>(g) < V; g += blockDim.x) {
+        const Philox4 bits =
+            philox_block(opaque_u64(seed), offset, static_cast<uint32_t>(u), purpose, g);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t i = 4 * g + j;
-        if (i >= V) break;
-        const float pi = stats_prob(load_logit(row, i), r, s.temperature);
-        const float mass = draft != nullptr ? tree_residual(pi, to_float(q_row[i]), z, m)
-                                            : (tree_excluded(i, zeroed, m) ? 0.f : pi);
-        race_update(best, mass, bits.x[j], i);
+        for (int j = 0; j < 4; ++j) {
+          const int64_t i = 4 * static_cast<int64_t>(g) + j;
+          if (i >= V) break;
+          race_update(best, mass_of(stats_prob(load_logit(row, i), r, s.temperature), i), bits.x[j], i);
+        }
       }
-    }
-    final_token = cuda::block_argmax(best, sh.argmax).index;
+      return cuda::block_argmax(best, sh.argmax).index;
+    };
+    if (draft != nullptr)
+      final_token = race([&](float pi, int64_t i) { return tree_residual(pi, to_float(q_row[i]), z, m); });
+    else
+      final_token = race([&](float pi, int64_t i) { return tree_excluded(i, zeroed, m) ? 0.f : pi; });
   }
   const float value = lp != nullptr ? token_logprob(row, V, final_token, r, s, sh) : 0.f;
   if (threadIdx.x == 0) {
