@@ -13,7 +13,8 @@ Model and its assumptions (each one a place where a GPU measurement can correct 
   scheduler, no dual issue); loaded DRAM latency LATENCY_S = 0.6 us; a fixed LAUNCH_S = 2 us per kernel
   (launch, first block, last-block tail).
 * Occupancy (blocks per SM) is the minimum over registers (allocated per warp in units of 256), shared
-  memory, threads and the 32-block limit. Waves = ceil(grid / (132 x blocks per SM)).
+  memory (static, plus the dynamic shared memory a case launches with: Case.dynamic_smem; the table's smem
+  column is their sum), threads and the 32-block limit. Waves = ceil(grid / (132 x blocks per SM)).
 * Bytes moved are counted per kernel from what its code reads and writes at the reference scenario (named
   in the table), every byte once from HBM: no L2 reuse, no L2 hits for rows read twice. Scattered scalar
   reads count a 32-byte sector each. The minimum is what any implementation must move for the same result.
