@@ -13,7 +13,8 @@ Model and its assumptions (each one a place where a GPU measurement can correct 
   scheduler, no dual issue); loaded DRAM latency LATENCY_S = 0.6 us; a fixed LAUNCH_S = 2 us per kernel
   (launch, first block, last-block tail).
 * Occupancy (blocks per SM) is the minimum over registers (allocated per warp in units of 256), shared
-  memory, threads and the 32-block limit. Waves = ceil(grid / (132 x blocks per SM)).
+  memory (static, plus the dynamic shared memory a case launches with: Case.dynamic_smem; the table's smem
+  column is their sum), threads and the 32-block limit. Waves = ceil(grid / (132 x blocks per SM)).
 * Bytes moved are counted per kernel from what its code reads and writes at the reference scenario (named
   in the table), every byte once from HBM: no L2 reuse, no L2 hits for rows read twice. Scattered scalar
   reads count a 32-byte sector each. The minimum is what any implementation must move for the same result.
@@ -27,7 +28,10 @@ Model and its assumptions (each one a place where a GPU measurement can correct 
   its loads once (all the loads of one trip are issued before their first use).
 * Kernels with several kinds of vocab-wide loops (the logits kernels: max, radix histogram, exp-sum, race;
   Case.phases) add up issue and latency time over their loops, each found in the SASS by its kind (see
-  hot_loop) and weighted by its passes; ins/el is then the mean over the passes.
+  hot_loop) and weighted by its passes; ins/el is then the mean over the passes. A pass over a row that an
+  earlier pass copied into shared memory (phase marked "smem": its loop's loads are LDS) adds issue time only:
+  it is no HBM trip (no LATENCY_S; the shared-memory latency, ~30 cycles a trip hidden behind the other warps,
+  and bank conflicts are not modelled), and its bytes are not HBM bytes.
 * predicted = LAUNCH_S + max(bytes / bandwidth, issue time, latency time); % of peak = the time the
   minimum bytes take at 4.8 TB/s / predicted. An op that launches two kernels (Case.then) is predicted as
   the sum of both kernels' predictions; its row shows the first kernel's resources.
@@ -113,6 +117,7 @@ class Case:
                                  # scenario's (kernels whose passes share one loop shape; see hot_loop)
     then: "Case | None" = None   # a second kernel the op launches after this one (its own resources and
                                  # prediction; the row's time is the sum, its resources this kernel's)
+    dynamic_smem: int = 0        # bytes of dynamic shared memory per block (added to the static for occupancy)
 
 
 def _rows(n, elem=4):
@@ -351,6 +356,13 @@ def _logits_parts(res, batch=64):
     return parts
 
 
+def _logits_grid(res, batch, parts):
+    """(grid, blocks per request) of the resident-row split kernel; its share size assumes `parts`."""
+    if _logits_parts(res, batch) != parts:
+        raise RuntimeError(f"split layout: {_logits_parts(res, batch)} parts, the modelled share assumes {parts}")
+    return batch * parts, parts
+
+
 def _logits_unit_temperature_loop(text):
     """The split kernel's exp-sum at temperature 1 (the scenario: no temperature tensor): the sweep without the
     division by T (split_sum_sweep<.., kUnitT = true>, no MUFU.RCP); the max and race loops pass as they are."""
@@ -366,11 +378,16 @@ def logits_cases():
     the radix select (CUDA: 4 passes of 8 bits by mass; Triton: the kept mass, then 8 passes of 4 bits); then
     one race over the bonus row. Scalar reads: the draft's logit (and q(x) with draft probs, bf16) per draft row.
 
-    CUDA without filter tensors (logits_kernels.cu rejection_sample_logits_split_kernel): every pass of a
-    request is split over `parts` blocks (_logits_parts); each pass writes the blocks' partials (32 B each)
-    and 32 virtual-warp sums to the workspace and reads them back after the request's barrier. Not
-    modelled: the barrier's wait (about 2 x LATENCY_S per pass that is not the kernel's last) and L2 hits
-    on the row a pass re-reads right after the previous one (64 rows of 256 KB: L2-resident on an H200).
+    CUDA without filter tensors (logits_kernels.cu rejection_sample_logits_split_kernel, its resident-row
+    variant kResident = true: the share fits, 31.5 KB of dynamic shared memory per block at V=128256 bf16):
+    every pass of a request is split over `parts` blocks (_logits_parts); each pass writes the blocks'
+    partials (32 B each) and 32 virtual-warp sums to the workspace and reads them back after the request's
+    barrier. Each row is read from HBM once: the max pass copies each block's share into shared memory
+    (cp.async, 16 pieces of 16 B in flight per thread: one HBM trip) and takes the max from there; the kept
+    mass and the race (and a greedy row's log-softmax sum) read the share from shared memory. Those
+    shared-memory loops count their instructions (issue time: the max read-back, the exp-sum, the race) but
+    no HBM bytes and no latency trips (see the model's assumptions). Not modelled: the barrier's wait (about
+    2 x LATENCY_S per pass that is not the kernel's last), shared-memory latency and bank conflicts.
     CUDA with top-p: one block per request (rejection_sample_logits_kernel). Triton: one program per request."""
     cases = []
     batch, rows = 64, K + 1
@@ -380,7 +397,13 @@ def logits_cases():
         scalars = batch * K * _sector_reads(2 if has_q else 1)
         shape = f"B=64 K=4 bf16 {'q' if has_q else 'one-hot'}{', top-p 0.9' if top_p else ''}, all accepted"
         for backend in ("cuda", "triton"):
-            if backend == "cuda":
+            if backend == "cuda" and not top_p:
+                # Resident rows: the copy (HBM, with the max's loop kind) and the max read-back, kept mass and
+                # race over the share in shared memory (the race's draft-probs loads, skipped on the bonus row,
+                # are not LDS: one stream of the share).
+                phases = [("max", rows, 1), ("max", rows, 1, "smem"), ("expsum", rows, 1, "smem"),
+                          ("race", 1, 1, "smem")]
+            elif backend == "cuda":
                 # row_stats: max, [radix select by mass: 4 passes], kept mass; row_race on the bonus row (its
                 # loop also holds the draft-probs loads, skipped on the bonus row: 2 streams in the body).
                 phases = [("max", rows, 1)] + ([("radix", 4 * rows, 1)] if top_p else []) + \
@@ -389,18 +412,22 @@ def logits_cases():
                 # row_stats: row_max, [kept mass, radix_select by mass: 8 passes], total; row_race.
                 phases = [("max", rows, 1)] + ([("radix", 8 * rows, 1)] if top_p else []) + \
                          [("expsum", 2 * rows if top_p else rows, 1), ("race", 1, 2 if has_q else 1)]
-            passes = sum(n for _, n, _ in phases)
+            passes = sum(p[1] for p in phases)
+            hbm_passes = sum(p[1] for p in phases if p[3:] != ("smem",))  # passes that read a row from HBM
             common = dict(shape=shape, loop="race", streams=1, elem_bytes=2,
-                          bytes_moved=batch * passes * row_bytes + scalars, min_bytes=batch * rows * row_bytes,
+                          bytes_moved=batch * hbm_passes * row_bytes + scalars, min_bytes=batch * rows * row_bytes,
                           elems_per_pass=V, items=batch, passes=passes, phases=phases,
                           measure=_measure_logits(has_q, top_p, backend))
             if backend == "cuda" and not top_p:
-                workspace = passes * 2 * (8 * 32 + 32 * 4)  # per request: partials and virtual-warp sums, w + r
+                exchanges = 2 * rows + 1  # max and kept mass per row, the race: one barrier each
+                workspace = exchanges * 2 * (8 * 32 + 32 * 4)  # per request: partials and virtual-warp sums, w + r
                 common["bytes_moved"] += batch * workspace
+                parts = 8  # _logits_parts at this scenario (checked below against the compiled resources)
+                share = -(-V // 1024) * (1024 // parts) * 2  # logits_split.h split_share_bytes: 126 chunks x 128 x bf16
                 cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",
-                                  function=r"36rejection_sample_logits_split_kernelI13__nv_bfloat16S\d_E",
-                                  grid=lambda res: (batch * _logits_parts(res), _logits_parts(res)),
-                                  loop_pick=_logits_unit_temperature_loop, **common))
+                                  function=r"36rejection_sample_logits_split_kernelI13__nv_bfloat16S\d_Lb1E",
+                                  grid=lambda res: _logits_grid(res, batch, parts),
+                                  loop_pick=_logits_unit_temperature_loop, dynamic_smem=share, **common))
             elif backend == "cuda":
                 cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",
                                   function=r"30rejection_sample_logits_kernelI13__nv_bfloat16S\d_E", **common))
@@ -552,11 +579,12 @@ def split_sass(text):
 
 
 _LOAD = re.compile(r"\b(LDG|LDGSTS)(\.[\w.]+)?\b")
+_LOAD_SHARED = re.compile(r"\b(LDS)(\.[\w.]+)?\b")  # passes over rows held in shared memory (Case.phases "smem")
 _WIDTH = {".128": 16, ".64": 8, ".U16": 2, ".S16": 2, ".U8": 1, ".S8": 1}
 
 
-def load_bytes(ins):
-    m = _LOAD.search(ins)
+def load_bytes(ins, smem=False):
+    m = (_LOAD_SHARED if smem else _LOAD).search(ins)
     if not m:
         return 0
     mods = m.group(2) or ""
@@ -592,13 +620,14 @@ def philox_groups(body):
 _HISTOGRAM_BARRIERS = 12
 
 
-def hot_loop(sass, kind, streams, elem_bytes=4, pick=None):
+def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False):
     """The hot loop of `kind` (see Case.loop) -> (body instructions, cold instruction count) or None.
 
     Kinds: "race" (Philox), "scan" (no Philox, no stores), "copy" (stores), "mma"; for the logits kernels'
     passes, none with Philox or stores: "max" (no exp, no histogram), "expsum" (exp, no histogram), "radix"
     (a histogram: see _HISTOGRAM_BARRIERS); of several inlined versions of those the longest is kept.
-    `pick` (the case's loop_pick), when given, keeps only the loops whose text it accepts.
+    `pick` (the case's loop_pick), when given, keeps only the loops whose text it accepts. `smem`: the loop's
+    loads are shared-memory loads (LDS; a pass over a row a previous pass copied into shared memory).
 
     Loops are backward branches; of those holding the loads (and, for races, the Philox rounds) the innermost
     are kept, then those with the widest loads (the vectorized path), and of several versions of one source
@@ -615,7 +644,7 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None):
     for lo, hi in set(loops):
         body = [ins for _, ins in sass[lo:hi + 1]]
         text = "\n".join(body)
-        nload = sum(load_bytes(x) for x in body)
+        nload = sum(load_bytes(x, smem) for x in body)
         philox = PHILOX_CONSTANT in text
         if nload == 0:
             continue
@@ -639,8 +668,8 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None):
             continue
         if pick is not None and not pick(text):
             continue
-        widest = max(load_bytes(x) for x in body)
-        cands.append((lo, hi, sum(load_bytes(x) for x in body if load_bytes(x) == widest), widest))
+        widest = max(load_bytes(x, smem) for x in body)
+        cands.append((lo, hi, sum(load_bytes(x, smem) for x in body if load_bytes(x, smem) == widest), widest))
     inner = [c for c in cands if not any(o is not c and c[0] <= o[0] and o[1] <= c[1] for o in cands)]
     if not inner:
         return None
@@ -649,7 +678,7 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None):
     def bases(c):  # distinct address registers of the widest loads: one per streamed row
         found = set()
         for _, x in sass[c[0]:c[1] + 1]:
-            if load_bytes(x) == c[3]:
+            if load_bytes(x, smem) == c[3]:
                 m = re.search(r"\[(R\d+)(?:\.64)?", x)
                 if m:
                     found.add(m.group(1))
@@ -670,7 +699,7 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None):
             if t is not None and t > sass[j][0] and t in index and index[t] <= hi + 1:
                 region = (i + 1, index[t])
                 text = [sass[k][1] for k in range(*region)]
-                if any(PHILOX_CONSTANT in x or load_bytes(x) for x in text):
+                if any(PHILOX_CONSTANT in x or load_bytes(x, smem) for x in text):
                     continue  # the region holds hot work (random bits or loads): not a skipped path
                 if best is None or region[1] - region[0] > best[1] - best[0]:
                     best = region
@@ -777,7 +806,8 @@ def vocab_parts_for(batch, vocab, resident, threads):
 
 def predict(case, res):
     threads = res["threads"] or 1024
-    occ = blocks_per_sm(res["regs"], res["shared"], threads)
+    shared = res["shared"] + case.dynamic_smem
+    occ = blocks_per_sm(res["regs"], shared, threads)
     if case.grid is not None:
         grid, per_item = case.grid(res)
     elif res.get("uses_ctaid_y"):
@@ -786,30 +816,33 @@ def predict(case, res):
     else:
         grid, per_item = case.items, 1
     waves = -(-grid // (SMS * max(occ, 1)))
-    row = dict(regs=res["regs"], spills=res["spills"], smem=res["shared"], threads=threads, ctas_per_sm=occ,
+    row = dict(regs=res["regs"], spills=res["spills"], smem=shared, threads=threads, ctas_per_sm=occ,
                grid=grid, sms_busy=min(grid, SMS), waves=waves, bytes_mb=case.bytes_moved / 1e6,
                bytes_vs_min=case.bytes_moved / case.min_bytes)
     t_mem = case.bytes_moved / BANDWIDTH
     t_issue = t_lat = 0.0
     phases = case.phases or [(case.loop, case.passes, case.streams)]
     found, phase_rows = [], []
-    for kind, passes, streams in phases:
-        loop = hot_loop(res["sass"] or [], kind, streams, case.elem_bytes, case.loop_pick)
+    for phase in phases:
+        kind, passes, streams = phase[:3]
+        smem = phase[3:] == ("smem",)  # a pass over shared memory: issue time only, no HBM trip
+        loop = hot_loop(res["sass"] or [], kind, streams, case.elem_bytes, case.loop_pick, smem)
         if loop is None:
             if case.phases:
                 raise RuntimeError(f"no {kind!r} loop found in the SASS of {case.name}")
             continue
         body, cold = loop
         hot = len(body) - cold
-        vector = [load_bytes(x) for x in body if load_bytes(x) >= 8]  # the streamed rows (scalars: indices)
-        per_trip_bytes = sum(vector) or sum(load_bytes(x) for x in body)
+        vector = [load_bytes(x, smem) for x in body if load_bytes(x, smem) >= 8]  # the streamed rows (scalars: indices)
+        per_trip_bytes = sum(vector) or sum(load_bytes(x, smem) for x in body)
         elems_per_trip = case.elems_per_trip or per_trip_bytes / (streams * case.elem_bytes)
         trips = math.ceil(case.elems_per_pass / per_item / (threads * elems_per_trip)) if elems_per_trip else 0
         warps_total = grid * (threads // 32)
         t_issue += passes * trips * warps_total * hot / (min(grid, SMS) * ISSUE_PER_SM * CLOCK_HZ)
-        t_lat += waves * passes * trips * LATENCY_S
+        if not smem:
+            t_lat += waves * passes * trips * LATENCY_S
         found.append((hot, cold, per_trip_bytes, elems_per_trip, trips, passes))
-        phase_rows.append(dict(loop=kind, passes=passes, instructions=hot, cold=cold, elems_per_trip=elems_per_trip,
+        phase_rows.append(dict(loop=kind + (" (smem)" if smem else ""), passes=passes, instructions=hot, cold=cold, elems_per_trip=elems_per_trip,
                                trips=trips))
     if found:
         # ins/el: per element of the whole kernel (all passes), weighted by each pass

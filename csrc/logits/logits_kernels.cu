@@ -16,12 +16,16 @@
 // rejection_sample_logits_split_kernel instead when the device fits more than one block per
 // request: steps 1, 3 and 4 split over several blocks per request (logits_split.h), with the
 // same outputs bit for bit (the kept mass rounds in the single-block kernel's order; argmaxes
-// and races merge exactly over any partition). Batches with filters keep one block per request.
+// and races merge exactly over any partition). Where a block's share of a row fits in shared memory
+// beside the batch's blocks (split_share_bytes_for), the resident-row variant reads each row from HBM
+// once: the max pass copies the share into shared memory, the kept mass and the race read it there.
+// Batches with filters keep one block per request.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/philox.h"
 #include "../common/sampling_cuda.cuh"
@@ -447,6 +451,194 @@ __device__ __forceinline__ ArgMax split_max(const T* row, int64_t V, SplitCtx& c
   return sh.a;
 }
 
+// ---- Resident rows (logits_split.h split_share_*): each block copies its share of a row from HBM
+// into shared memory once, in the max pass, and runs the kept mass and the race over it there. The
+// launcher picks this variant (kResident) where the share fits beside the blocks the batch needs
+// resident (dynamic shared memory: split_share_bytes); else every pass reads the row from HBM.
+
+// 16 bytes global -> shared (a shared-window address) without a register round trip (sm_80+); many
+// in flight per thread, one wait for all.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// The row entry at share position e (a power-of-two slice: shift = log2(slice)).
+__device__ __forceinline__ int64_t share_entry(int e, int shift, int64_t vthreads, int64_t base) {
+  return static_cast<int64_t>(e >> shift) * vthreads + base + (e & ((1 << shift) - 1));
+}
+
+// Pass: copy the share into `share` and take its max and first argmax. A thread visits its
+// positions, and so its entries, in increasing order, so a tie never replaces its best; a thread
+// whose entries are all -inf (or NaN) reports its first one, as split_max_sweep.
+template <typename T>
+__device__ __forceinline__ ArgMax split_max_share(const T* __restrict__ row, int64_t V, T* share, SplitCtx& c,
+                                                  SplitShared& sh) {
+  float* buf = split_next_buffer(c);
+  const int slice = static_cast<int>(split_share_slice(c.l));
+  const int shift = __ffs(slice) - 1;
+  const int entries = static_cast<int>(split_share_entries(c.l, V));
+  const int64_t vthreads = c.l.vthreads, base = c.part * slice;
+  const int stride = blockDim.x;
+  float best_x = -INFINITY;
+  int best_e = -1;
+  int first_e = -1;  // the thread's first position holding an entry of the row
+  bool copied = false;
+#if __CUDA_ARCH__ >= 800
+  // 16-byte pieces of E entries (whole pieces of one slice: E divides slice), U per thread in flight.
+  // Piece q lies in chunk q / P (P = slice / E pieces a chunk); a stride that is a multiple of P
+  // (threads >= slice / 4 whenever parts > 1) moves a thread's piece on by stride / P chunks: its
+  // entries by `step`, its position by stride * E. Positions past the share hold entries past the
+  // row (chunk >= split_share_chunks), so the row's end bounds both; the one piece the end cuts
+  // (V % E != 0) is copied entry by entry.
+  constexpr int E = 16 / sizeof(T);
+  if ((reinterpret_cast<uintptr_t>(row) & 15) == 0 && stride % (slice / E) == 0) {
+    constexpr int U = 16;
+    const int64_t step = static_cast<int64_t>(stride / (slice / E)) * vthreads;
+    const int64_t last = V - E;  // a piece starting at or before it lies wholly in the row
+    for (int q0 = threadIdx.x;; q0 += U * stride) {
+      const int64_t i0 = share_entry(q0 * E, shift, vthreads, base);
+      if (i0 >= V) break;
+      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(share + q0 * E));
+      const T* const src = row + i0;
+#pragma unroll
+      for (int k = 0; k < U; ++k)
+        if (i0 + k * step <= last) cp_async16(dst + k * stride * 16, src + k * step);
+    }
+    const int cut = static_cast<int>(V % E);  // entries of the piece the row's end cuts, if this block's
+    if (cut != 0) {
+      const int64_t i = V - cut;
+      if ((i % vthreads) / slice == c.part && static_cast<int>(threadIdx.x) < cut)
+        share[(i / vthreads) * slice + i % slice + threadIdx.x] = row[i + threadIdx.x];
+    }
+    cp_async_wait_all();
+    __syncthreads();  // the pieces, read back below by the threads that copied them, and the cut one
+    int64_t i0 = share_entry(threadIdx.x * E, shift, vthreads, base);
+    if (i0 < V) first_e = threadIdx.x * E;
+    // Entries increase with the position; whole pieces first (no per-entry bound), then the cut one.
+    int e0 = threadIdx.x * E;
+    for (; i0 <= last; e0 += stride * E, i0 += step) {
+      const uint4 v = *reinterpret_cast<const uint4*>(share + e0);
+      const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const float x = logit_value(to_float(h[j]));
+        if (x > best_x) {
+          best_x = x;
+          best_e = e0 + j;
+        }
+      }
+    }
+    for (int j = 0; i0 + j < V; ++j) {  // at most the cut piece: V - i0 < E entries
+      const float x = logit_value(to_float(share[e0 + j]));
+      if (x > best_x) {
+        best_x = x;
+        best_e = e0 + j;
+      }
+    }
+    copied = true;
+  }
+#endif
+  if (!copied) {
+    // Unaligned rows (or sm < 80): one entry at a time through registers.
+    if (share_entry(threadIdx.x, shift, vthreads, base) < V) first_e = threadIdx.x;
+    for (int e = threadIdx.x; e < entries; e += stride) {
+      const int64_t i = share_entry(e, shift, vthreads, base);
+      if (i >= V) break;  // entries increase with the position
+      const T v = row[i];
+      share[e] = v;
+      const float x = logit_value(to_float(v));
+      if (x > best_x) {
+        best_x = x;
+        best_e = e;
+      }
+    }
+  }
+  ArgMax best = logit_argmax_init();
+  if (best_e >= 0) best = ArgMax{best_x, share_entry(best_e, shift, vthreads, base)};
+  else if (first_e >= 0) best = ArgMax{-INFINITY, share_entry(first_e, shift, vthreads, base)};
+  best = split_block_argmax(best, logit_argmax_init(), sh);  // its barriers publish the share
+  split_exchange(c, buf, best, logit_argmax_init(), logit_argmax_init(), sh);
+  return sh.a;
+}
+
+// Pass: split_sum_sweep over the share: virtual thread part * slice + o reads positions o,
+// slice + o, ... (its entries o + part * slice, + vthreads, ...) in the same order and grouping.
+template <int kVThreads, bool kUnitT, typename T>
+__device__ __forceinline__ void split_sum_share_sweep(const T* __restrict__ share, int64_t V, float m,
+                                                      float temperature, const SplitCtx& c, float* vsum) {
+  constexpr int U = 16;  // entries of one virtual thread in flight
+  const int64_t vthreads = kVThreads ? kVThreads : c.l.vthreads;
+  const int slice = static_cast<int>(split_share_slice(c.l));
+  for (int h = 0; h < c.l.per_thread; ++h) {
+    const int o = h * c.l.threads + threadIdx.x;
+    const int64_t first = c.part * slice + o;  // the virtual thread's first entry
+    const int n = first < V ? static_cast<int>((V - first + vthreads - 1) / vthreads) : 0;
+    const T* src = share + o;
+    float s = 0.f;
+    int j = 0;
+    for (; j + (U - 1) < n; j += U) {
+      float x[U];
+#pragma unroll
+      for (int k = 0; k < U; ++k) x[k] = logit_value(to_float(src[(j + k) * slice]));
+#pragma unroll
+      for (int k = 0; k < U; ++k) s += exp_f(kUnitT ? x[k] - m : scaled_logit(x[k], m, temperature));
+    }
+    for (; j < n; ++j) {
+      const float x = logit_value(to_float(src[j * slice]));
+      s += exp_f(kUnitT ? x - m : scaled_logit(x, m, temperature));
+    }
+    s = split_warp_sum(s);
+    if ((threadIdx.x & 31) == 0) vsum[first >> 5] = s;
+  }
+}
+
+// Pass: split_race over the share's groups of 4 (whole groups: 4 divides slice).
+template <typename T, typename Q>
+__device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_row, int64_t draft, bool residual,
+                                                    int64_t V, const RowStats& r, float temperature, uint64_t seed,
+                                                    uint64_t offset, uint32_t position, SplitCtx& c,
+                                                    SplitShared& sh) {
+  float* buf = split_next_buffer(c);
+  const int slice = static_cast<int>(split_share_slice(c.l));
+  const int shift = __ffs(slice) - 1;
+  const int groups = static_cast<int>(split_share_entries(c.l, V) / 4);
+  const int64_t vthreads = c.l.vthreads, base = c.part * slice;
+  const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
+  ArgMax best_p = argmax_init(), best_r = argmax_init();
+  for (int q = threadIdx.x; q < groups; q += blockDim.x) {
+    const int64_t i0 = share_entry(4 * q, shift, vthreads, base);
+    if (i0 >= V) break;  // entries increase with the position
+    float x[4];
+    cuda::load4_full<true>(share, 4 * q, x);
+    const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(i0 >> 2));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = i0 + j;
+      if (i >= V) break;
+      const float p = stats_prob(logit_value(x[j]), r, temperature);
+      race_update(best_p, p, bits.x[j], i);
+      if (residual) {
+        const float qv = q_row != nullptr ? to_float(q_row[i]) : (i == draft ? 1.f : 0.f);
+        race_update(best_r, residual_mass(p, qv), bits.x[j], i);
+      }
+    }
+  }
+  best_p = split_block_argmax(best_p, argmax_init(), sh);
+  best_r = split_block_argmax(best_r, argmax_init(), sh);
+  split_exchange(c, buf, best_p, best_r, argmax_init(), sh);
+  const ArgMax p_win = sh.a, r_win = sh.b;
+  __syncthreads();
+  if (!residual) return p_win.index;
+  return r_win.score > 0.f ? r_win.index : p_win.index;
+}
+
 // Pass: sum of exp((x - m) / T) over the row, rounded as the single-block kernel's block_sum
 // (virtual threads, logits_split.h). T = 1 gives the greedy logprob's sum of exp(x - m) bit for
 // bit ((x - m) / 1 is exact).
@@ -476,15 +668,25 @@ __device__ __forceinline__ void split_sum_sweep(const T* __restrict__ row, int64
   }
 }
 
-template <typename T>
-__device__ __forceinline__ float split_sum(const T* row, int64_t V, float m, float temperature, SplitCtx& c, SplitShared& sh) {
+// kShare: `src` is the block's share in shared memory (split_sum_share_sweep), else the row.
+template <bool kShare, typename T>
+__device__ __forceinline__ float split_sum(const T* src, int64_t V, float m, float temperature, SplitCtx& c,
+                                           SplitShared& sh) {
   float* buf = split_next_buffer(c);
+  const auto sweep = [&](auto vthreads, auto unit_t) {
+    constexpr int kV = decltype(vthreads)::value;
+    constexpr bool kU = decltype(unit_t)::value;
+    if constexpr (kShare) split_sum_share_sweep<kV, kU>(src, V, m, temperature, c, buf);
+    else split_sum_sweep<kV, kU>(src, V, m, temperature, c, buf);
+  };
+  using Full = std::integral_constant<int, kMaxThreads>;
+  using Any = std::integral_constant<int, 0>;
   if (temperature == 1.f) {
-    if (c.l.vthreads == kMaxThreads) split_sum_sweep<kMaxThreads, true>(row, V, m, temperature, c, buf);
-    else split_sum_sweep<0, true>(row, V, m, temperature, c, buf);
+    if (c.l.vthreads == kMaxThreads) sweep(Full{}, std::true_type{});
+    else sweep(Any{}, std::true_type{});
   } else {
-    if (c.l.vthreads == kMaxThreads) split_sum_sweep<kMaxThreads, false>(row, V, m, temperature, c, buf);
-    else split_sum_sweep<0, false>(row, V, m, temperature, c, buf);
+    if (c.l.vthreads == kMaxThreads) sweep(Full{}, std::false_type{});
+    else sweep(Any{}, std::false_type{});
   }
   split_exchange(c, buf, argmax_init(), argmax_init(), argmax_init(), sh);
   if (threadIdx.x < 32) {
@@ -531,10 +733,13 @@ __device__ __forceinline__ int64_t split_race(const T* row, const Q* q_row, int6
   return r_win.score > 0.f ? r_win.index : p_win.index;
 }
 
-template <typename T, typename Q>
+// kResident: the block's share of each row lives in dynamic shared memory (split_share_bytes).
+template <typename T, typename Q, bool kResident>
 __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sample_logits_split_kernel(const LogitsRejectionParams p,
                                                                                      const LogitsSplit layout) {
   __shared__ SplitShared sh;
+  extern __shared__ __align__(16) unsigned char split_share_raw[];
+  T* const share = reinterpret_cast<T*>(split_share_raw);
   const int64_t b = blockIdx.x, V = p.vocab;
   const bool leader = blockIdx.y == 0;
   const LogitsRequestRows rows = logits_request_rows(p, b);
@@ -557,9 +762,12 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
     const bool is_draft = k < n;
     if (!is_draft && p.bonus_token_ids != nullptr) break;  // the bonus row is not read (it may be absent)
     const T* row = logits + (rows.target_base + k) * V;
-    const ArgMax mx = split_max(row, V, c, sh);
+    ArgMax mx;
+    if constexpr (kResident) mx = split_max_share(row, V, share, c, sh);
+    else mx = split_max(row, V, c, sh);
+    const T* const src = kResident ? share : row;  // what the kept mass and the race read
     RowStats r{mx.score, mx.index, 0u, 0.f};  // no filters: tau 0 keeps every entry
-    if (!row_is_greedy(s) && r.m > -INFINITY) r.total = split_sum(row, V, r.m, s.temperature, c, sh);
+    if (!row_is_greedy(s) && r.m > -INFINITY) r.total = split_sum<kResident>(src, V, r.m, s.temperature, c, sh);
     const int64_t x = is_draft ? ids[k] : -1;
     if (threadIdx.x == 0) {
       bool ok = false;
@@ -585,14 +793,19 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
         token = r.argmax;
       } else {
         const Q* q_row = is_draft && draft != nullptr ? draft + (rows.draft_base + k) * V : nullptr;
-        token = split_race(row, q_row, x, is_draft, V, r, s.temperature, seed, offset, static_cast<uint32_t>(k), c, sh);
+        if constexpr (kResident)
+          token = split_race_share(share, q_row, x, is_draft, V, r, s.temperature, seed, offset,
+                                   static_cast<uint32_t>(k), c, sh);
+        else
+          token = split_race(row, q_row, x, is_draft, V, r, s.temperature, seed, offset, static_cast<uint32_t>(k), c,
+                             sh);
       }
     }
     if (lp != nullptr) {
       float value;
       if (row_is_greedy(s)) {
         // token_logprob's greedy branch: log_softmax of the raw logits.
-        value = r.m > -INFINITY ? (load_logit(row, token) - r.m) - log_f(split_sum(row, V, r.m, 1.f, c, sh))
+        value = r.m > -INFINITY ? (load_logit(row, token) - r.m) - log_f(split_sum<kResident>(src, V, r.m, 1.f, c, sh))
                                 : -INFINITY;
       } else if (!(r.total > 0.f)) {
         value = -INFINITY;
@@ -617,18 +830,33 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
   if (threadIdx.x == 0) p.num_accepted[b] = static_cast<int32_t>(k);
 }
 
+// `v` as a value the compiler cannot prove loop-invariant (an empty asm statement, no instruction).
+// Passing the Philox seed through it inside a loop keeps the key schedule of the 10 rounds (two
+// adds per round) in the loop body instead of hoisting it into 18 registers held across the loop.
+__device__ __forceinline__ uint64_t opaque_u64(uint64_t v) {
+  asm volatile("" : "+l"(v));
+  return v;
+}
+
 // Tree walk of logits_cpu.cpp tree_request (tree_verify_math.h) with one block per request:
 // every thread runs the same scalar walk (all branch conditions are block-uniform: they
 // depend on block reductions and on the workspace, written by thread 0 before a barrier);
 // vocab-wide steps are block reductions over the current node's row, whose probabilities
-// are computed from its logits and row statistics (entered once per node).
+// are computed from its logits and row statistics (entered once per node). The request's
+// sampling parameters and the current node's statistics are block-uniform and live in shared
+// memory rather than registers, and the final race recomputes its Philox key schedule per group
+// (opaque_u64): at 1024 threads a thread has 64 registers, which the walk's state held across the
+// race loop would otherwise exceed (spills on sm_90).
 template <typename T, typename Q>
 __global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kernel(const LogitsTreeParams p) {
   __shared__ Shared sh;
+  __shared__ RowSampling s;
+  __shared__ RowStats r;
   const int64_t b = blockIdx.x, N = p.max_nodes, V = p.vocab;
   const int64_t n = tree_num_nodes(p.num_nodes, b, N);
-  const RowSampling s = row_sampling(p.sampling.temperature, p.sampling.top_k, p.sampling.top_p, p.sampling.min_p,
-                                     b, V);
+  if (threadIdx.x == 0)
+    s = row_sampling(p.sampling.temperature, p.sampling.top_k, p.sampling.top_p, p.sampling.min_p, b, V);
+  __syncthreads();
   const T* logits = static_cast<const T*>(p.target_logits) + b * N * V;
   const Q* draft = static_cast<const Q*>(p.draft_probs);
   const int64_t* tokens = p.tree_token_ids + b * N;
@@ -644,7 +872,13 @@ __global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kern
   int64_t u = 0, k = 0;
   const T* row = logits;
   const Q* q_row = draft != nullptr ? draft + b * N * V : nullptr;
-  RowStats r = row_stats(row, V, s, sh);
+  // Every thread gets the same statistics (block reductions); one writes them for all.
+  const auto enter_row = [&]() {
+    const RowStats stats = row_stats(row, V, s, sh);
+    if (threadIdx.x == 0) r = stats;
+    __syncthreads();
+  };
+  enter_row();
   if (threadIdx.x == 0) out_path[0] = 0;
   const auto move_to = [&](int64_t c, int64_t x) {
     const float value = lp != nullptr ? token_logprob(row, V, x, r, s, sh) : 0.f;
@@ -657,7 +891,8 @@ __global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kern
     u = c;
     row = logits + u * V;
     if (draft != nullptr) q_row = draft + (b * N + u) * V;
-    r = row_stats(row, V, s, sh);
+    __syncthreads();  // every thread has read the previous row's statistics
+    enter_row();
   };
 
   int64_t final_token = 0;
@@ -725,20 +960,27 @@ __global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kern
       }
     }
     const uint32_t purpose = tree_final_purpose(rejected);
-    ArgMax best = argmax_init();
-    for (int64_t g = threadIdx.x; 4 * g < V; g += blockDim.x) {
-      const Philox4 bits = philox_block(seed, offset, static_cast<uint32_t>(u), purpose, static_cast<uint32_t>(g));
+    // One loop per kind of draft (the residual after draft_probs, or p without the zeroed
+    // tokens), so that neither carries the other's state through the Philox rounds.
+    const auto race = [&](auto mass_of) {
+      ArgMax best = argmax_init();
+      // 32-bit group index (Philox counts groups in 32 bits).
+      for (uint32_t g = threadIdx.x; 4 * static_cast<int64_t>(g) < V; g += blockDim.x) {
+        const Philox4 bits =
+            philox_block(opaque_u64(seed), offset, static_cast<uint32_t>(u), purpose, g);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t i = 4 * g + j;
-        if (i >= V) break;
-        const float pi = stats_prob(load_logit(row, i), r, s.temperature);
-        const float mass = draft != nullptr ? tree_residual(pi, to_float(q_row[i]), z, m)
-                                            : (tree_excluded(i, zeroed, m) ? 0.f : pi);
-        race_update(best, mass, bits.x[j], i);
+        for (int j = 0; j < 4; ++j) {
+          const int64_t i = 4 * static_cast<int64_t>(g) + j;
+          if (i >= V) break;
+          race_update(best, mass_of(stats_prob(load_logit(row, i), r, s.temperature), i), bits.x[j], i);
+        }
       }
-    }
-    final_token = cuda::block_argmax(best, sh.argmax).index;
+      return cuda::block_argmax(best, sh.argmax).index;
+    };
+    if (draft != nullptr)
+      final_token = race([&](float pi, int64_t i) { return tree_residual(pi, to_float(q_row[i]), z, m); });
+    else
+      final_token = race([&](float pi, int64_t i) { return tree_excluded(i, zeroed, m) ? 0.f : pi; });
   }
   const float value = lp != nullptr ? token_logprob(row, V, final_token, r, s, sh) : 0.f;
   if (threadIdx.x == 0) {
@@ -780,9 +1022,12 @@ bool split_applies(const LogitsRejectionParams& params) {
   return params.sampling.top_k == nullptr && params.sampling.top_p == nullptr && params.sampling.min_p == nullptr;
 }
 
-template <typename F>
+// f(kernel, sizeof(T)) for the split kernel of the batch's types (kResident: the resident-row variant).
+template <bool kResident, typename F>
 cudaError_t with_split_kernel(const LogitsRejectionParams& params, F&& f) {
-  auto pick = [&](auto t, auto q) { return f(rejection_sample_logits_split_kernel<decltype(t), decltype(q)>); };
+  auto pick = [&](auto t, auto q) {
+    return f(rejection_sample_logits_split_kernel<decltype(t), decltype(q), kResident>, sizeof(t));
+  };
   switch (params.dtype) {
     case ProbDType::kFloat32: return pick(float{}, float{});
     case ProbDType::kFloat16:
@@ -803,7 +1048,7 @@ LogitsSplit split_layout_for(const LogitsRejectionParams& params) {
       cudaGetDevice(&device) == cudaSuccess &&
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
       cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) == cudaSuccess && cooperative &&
-      with_split_kernel(params, [&](auto kernel) {
+      with_split_kernel<false>(params, [&](auto kernel, size_t) {
         return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
                                                              vthreads < kSplitThreads ? vthreads : kSplitThreads, 0);
       }) == cudaSuccess) {
@@ -812,6 +1057,41 @@ LogitsSplit split_layout_for(const LogitsRejectionParams& params) {
     (void)cudaGetLastError();  // a failed query leaves one block per request
   }
   return logits_split_for(vthreads, params.batch, resident);
+}
+
+// Dynamic shared memory of the resident-row split kernel for `layout` (opting the kernel in above
+// 48 KB), or 0 where a share does not fit beside the batch's blocks (all resident at once): then the
+// split kernel that reads the row from HBM in every pass runs. Host calls only (no stream work).
+size_t split_share_bytes_for(const LogitsRejectionParams& params, const LogitsSplit& layout) {
+  if (layout.parts <= 1) return 0;
+  size_t bytes = 0;
+  int device = 0, sms = 0, optin = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const cudaError_t err = with_split_kernel<true>(params, [&](auto kernel, size_t elem) {
+    const int64_t want = split_share_bytes(layout, params.vocab, static_cast<int64_t>(elem));
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+    if (e != cudaSuccess) return e;
+    if (want + static_cast<int64_t>(attr.sharedSizeBytes) > optin) return cudaSuccess;  // does not fit a block
+    if (want > 48 * 1024) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(want));
+      if (e != cudaSuccess) return e;
+    }
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, layout.threads, static_cast<size_t>(want));
+    if (e != cudaSuccess) return e;
+    if (static_cast<int64_t>(sms) * per_sm >= params.batch * layout.parts) bytes = static_cast<size_t>(want);
+    return cudaSuccess;
+  });
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -837,7 +1117,13 @@ cudaError_t launch_rejection_sample_logits_cuda(const LogitsRejectionParams& par
     attribute[0].val.cooperative = 1;
     config.attrs = attribute;
     config.numAttrs = 1;
-    return with_split_kernel(params, [&](auto kernel) { return cudaLaunchKernelEx(&config, kernel, params, layout); });
+    const size_t share_bytes = split_share_bytes_for(params, layout);
+    auto launch = [&](auto kernel, size_t) { return cudaLaunchKernelEx(&config, kernel, params, layout); };
+    if (share_bytes > 0) {
+      config.dynamicSmemBytes = share_bytes;
+      return with_split_kernel<true>(params, launch);
+    }
+    return with_split_kernel<false>(params, launch);
   }
   const dim3 grid(static_cast<unsigned>(params.batch));
   const dim3 block(cuda::threads_for_vocab(params.vocab));

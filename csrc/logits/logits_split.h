@@ -54,6 +54,32 @@ SPECDEC_HD int64_t split_first_vthread(const LogitsSplit& l, int64_t part, int h
   return (part * l.per_thread + h) * static_cast<int64_t>(l.threads);
 }
 
+// Resident rows (issue #12). A block's share of a row is the set of entries its virtual threads sum:
+// entry j * vthreads + part * slice + o for every chunk j < split_share_chunks and o < slice
+// (slice = per_thread * threads, a power of two >= 32). The kernel copies the share once from HBM
+// into shared memory during the max pass, at share position e = j * slice + o, and runs the kept
+// mass and the race over it there: the virtual thread part * slice + o (real thread o % threads,
+// round o / threads) reads positions o, slice + o, 2 slice + o, ... in turn, the order of the
+// entries it sums in the single-block kernel, so the kept mass rounds as before. The max and the
+// race take the same share as their part of the row (any partition merges exactly).
+SPECDEC_HD int64_t split_share_slice(const LogitsSplit& l) { return static_cast<int64_t>(l.per_thread) * l.threads; }
+SPECDEC_HD int64_t split_share_chunks(const LogitsSplit& l, int64_t vocab) {
+  return (vocab + l.vthreads - 1) / l.vthreads;
+}
+// Positions of a share (the last chunk's past the row are never read).
+SPECDEC_HD int64_t split_share_entries(const LogitsSplit& l, int64_t vocab) {
+  return split_share_chunks(l, vocab) * split_share_slice(l);
+}
+// The row entry at share position e of block `part`.
+SPECDEC_HD int64_t split_share_entry(const LogitsSplit& l, int64_t part, int64_t e) {
+  const int64_t slice = split_share_slice(l);
+  return (e / slice) * l.vthreads + part * slice + e % slice;
+}
+// Bytes of a share of `elem`-byte entries: a multiple of 16 (slice * elem is).
+SPECDEC_HD int64_t split_share_bytes(const LogitsSplit& l, int64_t vocab, int64_t elem) {
+  return split_share_entries(l, vocab) * elem;
+}
+
 // Per-call workspace of the split kernel: one arrival counter per request (zeroed on the
 // stream before the launch), then per request two pass buffers used in turn.
 struct SplitPartial {

@@ -284,13 +284,79 @@ static std::pair<float, int64_t> split_argmax(const std::vector<float>& row, con
   return {merged.score, merged.index};
 }
 
+// The resident-row split kernel (split_max_share, split_sum_share_sweep, split_race_share): every block
+// copies its share (split_share_entry) into shared memory, then its virtual threads sum their positions
+// o, slice + o, ... (unrolled by U = 16) and the race takes the share's groups of 4. Checks that the shares
+// tile the row (every entry in exactly one block, every group of 4 whole in one block) and returns the
+// kept mass; `reversed` sums each virtual thread's positions backwards (a mutant the replay must catch:
+// a virtual-warp sum or the kept mass then rounds differently. Permuting whole lanes would not: the
+// shuffle tree pairs lanes by residues, so XOR or rotation of lanes leaves every sum as it was).
+static float resident_block_sum(const std::vector<float>& row, float m, float t, const LogitsSplit& l,
+                                std::vector<float>& vsum, std::pair<float, int64_t>& argmax, bool reversed = false) {
+  constexpr int U = 16;
+  const int64_t V = static_cast<int64_t>(row.size()), vthreads = l.vthreads, slice = split_share_slice(l);
+  const int64_t entries = split_share_entries(l, V), chunks = split_share_chunks(l, V);
+  CHECK(slice >= 32 && (slice & (slice - 1)) == 0 && entries == chunks * slice);
+  CHECK(split_share_bytes(l, V, 2) % 16 == 0 && split_share_bytes(l, V, 4) % 16 == 0);
+  // split_max_share's 16-byte pieces: a stride of `threads` positions keeps a piece's offset in its slice.
+  if (l.parts > 1) CHECK(l.threads % (slice / 4) == 0 && l.threads % (slice / 8) == 0);
+  std::vector<int> seen(static_cast<size_t>(V), 0);
+  vsum.assign(32, 0.f);
+  ArgMax merged{-INFINITY, INT64_MAX};
+  for (int64_t part = 0; part < l.parts; ++part) {
+    std::vector<float> share(static_cast<size_t>(entries), NAN);  // positions past the row stay unread
+    for (int64_t e = 0; e < entries; ++e) {
+      const int64_t i = split_share_entry(l, part, e);
+      CHECK(i >= 0);
+      if (e > 0) CHECK(i > split_share_entry(l, part, e - 1));  // entries increase with the position
+      if (e % 4 == 0) CHECK(i % 4 == 0);                           // groups of 4 stay whole
+      if (i >= V) continue;
+      ++seen[static_cast<size_t>(i)];
+      share[static_cast<size_t>(e)] = row[static_cast<size_t>(i)];
+    }
+    for (int th = 0; th < l.threads; ++th) {  // split_max_share: any thread's positions, merged
+      ArgMax best{-INFINITY, INT64_MAX};
+      for (int64_t e = th; e < entries; e += l.threads) {
+        const int64_t i = split_share_entry(l, part, e);
+        if (i < V) argmax_update(best, logit_value(share[static_cast<size_t>(e)]), i);
+      }
+      merged = argmax_merge(merged, best);
+    }
+    for (int h = 0; h < l.per_thread; ++h)
+      for (int w = 0; w < l.threads / 32; ++w) {
+        std::vector<float> lanes(32);
+        for (int lane = 0; lane < 32; ++lane) {
+          const int64_t o = static_cast<int64_t>(h) * l.threads + 32 * w + lane;
+          const int64_t first = part * slice + o;
+          const int64_t n = first < V ? (V - first + vthreads - 1) / vthreads : 0;
+          std::vector<float> x(static_cast<size_t>(n));
+          for (int64_t j = 0; j < n; ++j) x[static_cast<size_t>(j)] = logit_value(share[static_cast<size_t>(j * slice + o)]);
+          if (reversed) std::reverse(x.begin(), x.end());
+          float s = 0.f;
+          int64_t j = 0;
+          for (; j + (U - 1) < n; j += U)
+            for (int k = 0; k < U; ++k) s += exp_f(scaled_logit(x[static_cast<size_t>(j + k)], m, t));
+          for (; j < n; ++j) s += exp_f(scaled_logit(x[static_cast<size_t>(j)], m, t));
+          lanes[lane] = s;
+        }
+        vsum[static_cast<size_t>((part * slice + static_cast<int64_t>(h) * l.threads + 32 * w) >> 5)] =
+            shfl_down_tree(lanes);
+      }
+  }
+  for (int64_t i = 0; i < V; ++i) CHECK(seen[static_cast<size_t>(i)] == 1);  // the shares tile the row
+  argmax = {merged.score, merged.index};
+  std::vector<float> lanes(32);
+  for (int lane = 0; lane < 32; ++lane) lanes[lane] = lane < vthreads / 32 ? vsum[lane] : 0.f;
+  return shfl_down_tree(lanes);
+}
+
 static void test_split_chain_kernel_replays_single_block() {
   std::mt19937 gen(12);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::uniform_real_distribution<float> unit(0.f, 1.f);
   const int64_t resident_choices[] = {0, 1, 132 * 4, 528, 100000};
   const int64_t big_vocabs[] = {128256, 151936, 32000, 49152};
-  int rows = 0, order_sensitive = 0;
+  int rows = 0, order_sensitive = 0, mutant_differs = 0;
   for (int trial = 0; trial < 400; ++trial) {
     // 24 rows of real vocab sizes (chains of ~125 entries: the kernel's unrolled loop), then small ones.
     const int64_t V = trial < 24 ? big_vocabs[trial % 4] : 1 + static_cast<int64_t>(unit(gen) * 6000.f);
@@ -318,11 +384,20 @@ static void test_split_chain_kernel_replays_single_block() {
       CHECK(std::memcmp(vsum.data(), warp_sums.data(), 32 * sizeof(float)) == 0);  // and every warp's sum
       const auto mx = split_argmax(row, l);
       CHECK(mx.first == ref.score && mx.second == ref.index);
+      std::pair<float, int64_t> rmx;
+      const float kept = resident_block_sum(row, ref.score, t, l, vsum, rmx);
+      CHECK(std::memcmp(&kept, &single, sizeof(float)) == 0);  // the resident rows too
+      CHECK(std::memcmp(vsum.data(), warp_sums.data(), 32 * sizeof(float)) == 0);
+      CHECK(rmx.first == ref.score && rmx.second == ref.index);
+      const float mutant = resident_block_sum(row, ref.score, t, l, vsum, rmx, true);
+      mutant_differs += std::memcmp(&mutant, &single, sizeof(float)) != 0 ||
+                        std::memcmp(vsum.data(), warp_sums.data(), 32 * sizeof(float)) != 0;
       ++rows;
     }
   }
   CHECK(rows == 2000);
   CHECK(order_sensitive > 100);  // a plain sequential sum rounds differently: the replay can tell orders apart
+  CHECK(mutant_differs > 1000);  // so does a share read in another order (1175 of the 2000 rows)
   // The reference layout: B = 64 on 132 SMs x 4 blocks: 8 parts of 128 threads, one virtual thread each.
   const LogitsSplit h200 = logits_split_for(vthreads_for(128256), 64, 132 * 4);
   CHECK(h200.vthreads == 1024 && h200.threads == 128 && h200.parts == 8 && h200.per_thread == 1);
