@@ -814,7 +814,7 @@ SPLIT_VOCAB, SPLIT_BLOCK = 100, 16
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 
 
-def split_call(args, parts, greedy=None, block=SPLIT_BLOCK, while_loops=False, bonus_token_ids=None,
+def split_call(args, parts, greedy=None, block=SPLIT_BLOCK, while_loops=None, bonus_token_ids=None,
                synthetic_acceptance_rates=None):
     """The Triton op's implementation on `parts` programs per request (padded layout)."""
     from specdec_ops.rejection import _triton_padded
