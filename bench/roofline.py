@@ -107,7 +107,7 @@ class Case:
     passes: int = 1              # sequential passes over a row per work item
     source: str = ""             # cuda: .cu path; triton: module:function
     function: str = ""           # cuda: regex on the mangled entry name
-    triton: dict | None = None   # types, constexprs, num_warps, num_stages
+    triton: dict | None = None   # types, constexprs, num_warps, num_stages, maxnreg
     grid: object = None          # callable(resources) -> (grid blocks, blocks per item), else from launch bounds
     measure: object = None       # callable() -> seconds on a GPU
     elems_per_trip: float = 0.0  # per thread; 0: from the loop's vector loads (mma tiles: BLOCK_N / threads)
@@ -285,7 +285,7 @@ def tree_cases():
                                                       vocab=V, BLOCK_N=16, BLOCK=1024, VBLOCK=4096, PARTS=parts,
                                                       CHUNK=512, UNROLL=2,
                                                       TILES=1 << (-(-V // 4096) - 1).bit_length()),
-                                      num_warps=4),
+                                      num_warps=4, maxnreg=128),
                           grid=lambda res, parts=parts: (64 * parts, parts), loop_pick=_tree_triton_split_loop,
                           measure=_measure_tree(has_q, "triton"), **common))
     return cases
@@ -765,6 +765,8 @@ def compile_triton(cuobjdump, case, workdir):
     # Pointers from the torch allocator are 16-byte aligned: the launcher's specialization.
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n].startswith("*")}
     options = dict(num_warps=spec.get("num_warps", 4), num_stages=spec.get("num_stages", 3))
+    if "maxnreg" in spec:
+        options["maxnreg"] = spec["maxnreg"]  # the launcher's register cap (ptxas .maxnreg)
     target = GPUTarget("cuda", 90, 32)
     try:
         kernel = triton.compile(ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()},

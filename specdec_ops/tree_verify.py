@@ -148,6 +148,10 @@ def _fake_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, se
 
 _TRITON_WARPS = 4
 _RESIDENT_PER_SM = 4  # programs per SM a split launch counts on (the CUDA tree kernel's launch bound)
+# The Triton kernel's register cap (ptxas .maxnreg): 128 x 128 threads keeps the 4 programs per SM the layout counts
+# on. Without it the exact block size (.reqntid) lets ptxas trade registers for occupancy and spill: 4-56 B in some
+# variants under the ptxas of Triton 3.6 (CUDA 12.8) and 3.9 (CUDA 13.4); with it none spills (108-119 registers).
+_TRITON_MAXNREG = 128
 _VBLOCK = 4096        # GPU: the first pass's tile (4 entries per thread in each of 8 programs of 4 warps)
 
 
@@ -220,7 +224,7 @@ def _triton_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, 
         nodes, vocab,
         HAS_NUM_NODES=num_nodes is not None, HAS_DRAFT_PROBS=has_draft, HAS_GREEDY=greedy is not None,
         BLOCK_N=next_pow2(nodes), BLOCK=block, VBLOCK=vblock, PARTS=parts, CHUNK=chunk, UNROLL=unroll,
-        TILES=next_pow2(-(-vocab // vblock)), num_warps=_TRITON_WARPS,
+        TILES=next_pow2(-(-vocab // vblock)), num_warps=_TRITON_WARPS, maxnreg=_TRITON_MAXNREG,
     )
     return token_ids, accepted_path, num_accepted
 

@@ -1,8 +1,8 @@
 """Compiles the tree verification Triton kernel for sm_90 ahead of time (no GPU needed); run by
 test_tree_rejection.py::test_triton_kernel_compiles_for_sm90_without_a_gpu in a subprocess without
 TRITON_INTERPRET. Fails on any spill, and without 128-bit loads of the probabilities. The launcher's
-layout at a large vocab: 4 warps, BLOCK = 1024, VBLOCK = 4096, CHUNK = 512, UNROLL = 2, and every PARTS it
-picks (8: a batch that leaves room, ... 1: a full device)."""
+layout at a large vocab: 4 warps at most 128 registers each (maxnreg), BLOCK = 1024, VBLOCK = 4096,
+CHUNK = 512, UNROLL = 2, and every PARTS it picks (8: a batch that leaves room, ... 1: a full device)."""
 
 from aot_common import check, compile_kernel
 
@@ -20,6 +20,6 @@ for dtype in ("bf16", "fp32"):
                 const = dict(HAS_NUM_NODES=has_q, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=has_greedy, BLOCK_N=64,
                              BLOCK=1024, VBLOCK=4096, PARTS=parts, CHUNK=512, UNROLL=2,
                              TILES=32, vocab=128256)
-                check(compile_kernel(fn, types, const, num_warps=4),
+                check(compile_kernel(fn, types, const, num_warps=4, maxnreg=128),
                       f"tree {dtype} parts={parts} draft_probs={has_q} greedy={has_greedy}", vector_loads=True)
 print("compiled")
