@@ -107,7 +107,7 @@ class Case:
     passes: int = 1              # sequential passes over a row per work item
     source: str = ""             # cuda: .cu path; triton: module:function
     function: str = ""           # cuda: regex on the mangled entry name
-    triton: dict | None = None   # types, constexprs, num_warps, num_stages
+    triton: dict | None = None   # types, constexprs, num_warps, num_stages, maxnreg
     grid: object = None          # callable(resources) -> (grid blocks, blocks per item), else from launch bounds
     measure: object = None       # callable() -> seconds on a GPU
     elems_per_trip: float = 0.0  # per thread; 0: from the loop's vector loads (mma tiles: BLOCK_N / threads)
@@ -217,6 +217,22 @@ def _tree_residual_m0_loop(text):
     return "LD.E " not in text
 
 
+def _tree_triton_parts(batch=64, vblock=4096, chunk=512):
+    """Mirror of specdec_ops/tree_verify.py _tree_parts: programs per request of the Triton kernel's first
+    pass, a power of two up to VBLOCK / CHUNK (4096 / 512 = 8) with batch x parts <= SMs x 4."""
+    parts = 1
+    while 2 * parts <= vblock // chunk and batch * 2 * parts <= SMS * 4:
+        parts *= 2
+    return parts
+
+
+def _tree_triton_split_loop(text):
+    """The Triton kernel's split first pass: Philox rounds and 16-byte loads of its UNROLL = 2 tiles per trip,
+    VBLOCK x 4 = 0x4000 bytes apart (fp32); the walk's own race (one program per request) loads 2 x 16 bytes
+    0x800 apart, and the excluded lanes' race (no draft probs) has no 16-byte loads."""
+    return PHILOX_CONSTANT in text and re.search(r"LDG\.E\.128 \S+ desc\[\w+\]\[R\d+\.64\+0x4000\]", text) is not None
+
+
 def tree_cases():
     """Tree verification B=64 N=16 fp32 V=128256: the root's only child is rejected, then the final race at
     the root (the walk's first pass is its last).
@@ -228,7 +244,14 @@ def tree_cases():
     polling, so a final pass ends like the chain kernel's last-block merge (in LAUNCH_S). Not modelled: a
     walk that goes on after the barrier (an accepted child) waits about 2 x LATENCY_S there per pass, and
     with draft probs each further rejected child of the final node adds a pass over p and q.
-    Triton (tree_verify.py): one program per request; the sum, then the race over the same row."""
+    Triton (tree_verify.py): the first pass (here the only one: the sum and support of p_0, or the sum of the
+    next residual, with the final race in the same pass) split over `parts` programs per request
+    (_tree_triton_parts), each taking 1 / parts of the lanes of every 4096-wide tile (VBLOCK), 2 tiles a trip;
+    each program writes its lane sums and partials and takes a ticket, and the last one merges them and walks
+    the tree (scalar reads: every program finds the pass from the tree, the last walks it again). Its race
+    computes the log and the division for every entry (no skip test, unlike CUDA's): issue-bound. Not
+    modelled: the launcher's zeroing of the tickets (a second, tiny launch, as the CUDA kernel's counter
+    memset)."""
     cases = []
     for tag, has_q in (("draft", True), ("onehot", False)):
         streams = 2 if has_q else 1
@@ -244,16 +267,27 @@ def tree_cases():
                           grid=lambda res: (64 * _tree_parts(res), _tree_parts(res)),
                           loop_pick=_tree_residual_m0_loop if has_q else _tree_sumrace_loop,
                           measure=_measure_tree(has_q, "cuda"), **common))
+        # Triton: one pass; every program reads the tree (and the pass's p_0(x) [q_0(x)]), the last one again;
+        # per request the 4096 lane sums, 16 B of partials per program (best, index, count) and a ticket per
+        # program (a sector each), written and read back; without draft probs each program writes and reads its
+        # list of the root's children (a sector).
+        parts = _tree_triton_parts()
+        workspace = 2 * (4096 * 4 + parts * 16) + parts * 32 + (0 if has_q else 2 * parts * 32)
         cases.append(Case(name=f"tree_verify_triton_{tag}", backend="triton",
                           source="triton_kernels.tree_verify:tree_verify_kernel",
-                          bytes_moved=64 * (2 * rows + scalars), passes=2,
+                          bytes_moved=64 * (rows + (parts + 1) * scalars + workspace), passes=1,
                           triton=dict(types=dict(target_ptr="*fp32", draft_probs_ptr="*fp32", greedy_ptr="*i1",
-                                                 normalizers_ptr="*fp32", zeroed_ptr="*i32", accepted_path_ptr="*i32",
-                                                 num_accepted_ptr="*i32"),
+                                                 normalizers_ptr="*fp32", zeroed_ptr="*i32", kids_ptr="*i32",
+                                                 lane_sums_ptr="*fp32", part_best_ptr="*fp32",
+                                                 part_index_ptr="*i32", part_count_ptr="*i64", tickets_ptr="*i32",
+                                                 accepted_path_ptr="*i32", num_accepted_ptr="*i32"),
                                       constexprs=dict(HAS_NUM_NODES=False, HAS_DRAFT_PROBS=has_q, HAS_GREEDY=False,
-                                                      vocab=V, BLOCK_N=16, BLOCK=1024),
-                                      num_warps=4),
-                          grid=lambda res: (64, 1), measure=_measure_tree(has_q, "triton"), **common))
+                                                      vocab=V, BLOCK_N=16, BLOCK=1024, VBLOCK=4096, PARTS=parts,
+                                                      CHUNK=512, UNROLL=2,
+                                                      TILES=1 << (-(-V // 4096) - 1).bit_length()),
+                                      num_warps=4, maxnreg=128),
+                          grid=lambda res, parts=parts: (64 * parts, parts), loop_pick=_tree_triton_split_loop,
+                          measure=_measure_tree(has_q, "triton"), **common))
     return cases
 
 
@@ -731,6 +765,8 @@ def compile_triton(cuobjdump, case, workdir):
     # Pointers from the torch allocator are 16-byte aligned: the launcher's specialization.
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n].startswith("*")}
     options = dict(num_warps=spec.get("num_warps", 4), num_stages=spec.get("num_stages", 3))
+    if "maxnreg" in spec:
+        options["maxnreg"] = spec["maxnreg"]  # the launcher's register cap (ptxas .maxnreg)
     target = GPUTarget("cuda", 90, 32)
     try:
         kernel = triton.compile(ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()},

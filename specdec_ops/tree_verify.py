@@ -146,7 +146,55 @@ def _fake_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, se
 # ---------------------------------------------------------------------------------------------- triton
 
 
-def _triton_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, seeds, offsets, greedy):
+_TRITON_WARPS = 4
+_RESIDENT_PER_SM = 4  # programs per SM a split launch counts on (the CUDA tree kernel's launch bound)
+# The Triton kernel's register cap (ptxas .maxnreg): 128 x 128 threads keeps the 4 programs per SM the layout counts
+# on. Without it the exact block size (.reqntid) lets ptxas trade registers for occupancy and spill: 4-56 B in some
+# variants under the ptxas of Triton 3.6 (CUDA 12.8) and 3.9 (CUDA 13.4); with it none spills (108-119 registers).
+_TRITON_MAXNREG = 128
+_VBLOCK = 4096        # GPU: the first pass's tile (4 entries per thread in each of 8 programs of 4 warps)
+
+
+def _tree_parts(batch: int, vblock: int, chunk: int, device: torch.device) -> int:
+    """Programs per request of the Triton kernel's first pass (PARTS): a power of two, at most vblock / chunk
+    (8 at a large vocab: every program holds >= 4 entries per thread) and, on a GPU, at most what fills the
+    device once (batch x PARTS <= SMs x 4), as the CUDA kernel's layout_for; 2 (1 for tiny rows) under the
+    interpreter, which runs programs one after another. From shapes and the device only (no sync)."""
+    if device.type != "cuda":
+        return 2 if vblock >= 8 else 1
+    resident = torch.cuda.get_device_properties(device).multi_processor_count * _RESIDENT_PER_SM
+    parts = 1
+    while 2 * parts <= vblock // chunk and batch * 2 * parts <= resident:
+        parts *= 2
+    return parts
+
+
+def _tree_layout(batch, vocab, device, parts=None, block=None, vblock=None, chunk=None, unroll=None):
+    """(BLOCK, VBLOCK, PARTS, CHUNK, UNROLL) of a launch; the keywords override (tests). VBLOCK depends on the
+    vocab and the device type only, so a request's result does not depend on the batch."""
+    interpreting = device.type != "cuda"
+    if block is None:
+        block = max(4, min(next_pow2(vocab), 8192 if interpreting else 1024))  # philox_tile: multiple of 4
+    if vblock is None:
+        vblock = block if interpreting else max(4, min(next_pow2(vocab), _VBLOCK))
+    if parts is None:
+        parts = _tree_parts(batch, vblock, vblock // 2 if interpreting else min(vblock, 4 * 32 * _TRITON_WARPS),
+                            device)
+    if chunk is None:
+        chunk = vblock // parts if interpreting else min(vblock // parts, 4 * 32 * _TRITON_WARPS)
+    if unroll is None:
+        unroll = 1 if interpreting else 2
+    for name, value in (("block", block), ("vblock", vblock), ("parts", parts), ("chunk", chunk)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two, got {value}")
+    if block % 4 or chunk % 4 or vblock % (parts * chunk) or unroll < 1:
+        raise ValueError(f"bad layout: block={block} vblock={vblock} parts={parts} chunk={chunk} unroll={unroll}")
+    return block, vblock, parts, chunk, unroll
+
+
+def _triton_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, seeds, offsets, greedy, **layout):
+    """Launch of triton_kernels/tree_verify.py; `layout` (parts, block, vblock, chunk, unroll) overrides
+    _tree_layout's choice (tests)."""
     from .triton_kernels.tree_verify import tree_verify_kernel
 
     token_ids, accepted_path, num_accepted = _fake_outputs(target_probs)
@@ -155,19 +203,28 @@ def _triton_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, 
         return token_ids, accepted_path, num_accepted
     target = target_probs.contiguous()
     has_draft = draft_probs is not None
-    # Per-request scratch of the node being tried: normalizers (draft_probs) or zeroed tokens.
+    block, vblock, parts, chunk, unroll = _tree_layout(batch, vocab, target.device, **layout)
+    # Per-request scratch of the node being tried: normalizers (draft_probs) or zeroed tokens; per program the
+    # root's children's tokens (no draft_probs); the first pass's lane sums and partials; the tickets (zeroed).
     normalizers = target.new_empty((batch * nodes if has_draft else 1,), dtype=torch.float32)
     zeroed = target.new_empty((1 if has_draft else batch * nodes,), dtype=torch.int32)
-    block = max(4, min(next_pow2(vocab), 8192 if triton_interpreting() else 1024))  # philox_tile: multiple of 4
-    tree_verify_kernel[(batch,)](
+    kids = target.new_empty((1 if has_draft else batch * parts * nodes,), dtype=torch.int32)
+    lane_sums = target.new_empty((batch * vblock,), dtype=torch.float32)
+    part_best = target.new_empty((batch * parts,), dtype=torch.float32)
+    part_index = target.new_empty((batch * parts,), dtype=torch.int32)
+    part_count = target.new_empty((batch * parts,), dtype=torch.int64)
+    tickets = target.new_zeros((batch,), dtype=torch.int32) if parts > 1 else part_index
+    tree_verify_kernel[(batch, parts)](
         target, draft_probs.contiguous() if has_draft else target,
         tree_token_ids.contiguous().to(torch.int64), parents.contiguous().to(torch.int64),
         seeds if num_nodes is None else num_nodes.contiguous().to(torch.int64),
         seeds.contiguous(), offsets.contiguous(), seeds if greedy is None else greedy.contiguous(),
-        normalizers, zeroed, token_ids, accepted_path, num_accepted,
+        normalizers, zeroed, kids, lane_sums, part_best, part_index, part_count, tickets,
+        token_ids, accepted_path, num_accepted,
         nodes, vocab,
         HAS_NUM_NODES=num_nodes is not None, HAS_DRAFT_PROBS=has_draft, HAS_GREEDY=greedy is not None,
-        BLOCK_N=next_pow2(nodes), BLOCK=block,
+        BLOCK_N=next_pow2(nodes), BLOCK=block, VBLOCK=vblock, PARTS=parts, CHUNK=chunk, UNROLL=unroll,
+        TILES=next_pow2(-(-vocab // vblock)), num_warps=_TRITON_WARPS, maxnreg=_TRITON_MAXNREG,
     )
     return token_ids, accepted_path, num_accepted
 
