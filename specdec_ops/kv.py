@@ -380,6 +380,28 @@ def _cache_tables(group: list[torch.Tensor], device: torch.device):
     return tables
 
 
+def _contiguous_rows(cache: torch.Tensor) -> bool:
+    """A slot's H * D elements are contiguous: element (h, d) of a slot sits at h * D + d."""
+    heads, dim = cache.shape[2], cache.shape[3]
+    return (dim == 1 or cache.stride(3) == 1) and (heads == 1 or cache.stride(2) == dim)
+
+
+def _row_layout(group: list[torch.Tensor]) -> tuple[bool, int]:
+    """(CONTIGUOUS_ROWS, VEC) of kv_move_kernel for one group of caches of one element size, from host-known
+    metadata only (shapes, strides, data addresses: no device sync).
+
+    CONTIGUOUS_ROWS: every cache's slot rows are contiguous, so a row element's offset is its index.
+    VEC > 1 (16 bytes of elements) where, in addition, every cache starts on 16 bytes and its slot strides
+    (stride0, stride1) and row length are multiples of 16 bytes: the kernel then moves 16-byte vectors. Any
+    other layout takes the general path (VEC = 1, per-element head/dim strides)."""
+    if not all(_contiguous_rows(c) for c in group):
+        return False, 1
+    vec = 16 // group[0].element_size()
+    aligned = all(c.data_ptr() % 16 == 0 and c.stride(0) % vec == 0 and c.stride(1) % vec == 0
+                  and (c.shape[2] * c.shape[3]) % vec == 0 for c in group)
+    return True, vec if aligned else 1
+
+
 def _triton_kv_commit(caches, seq_lens, accepted_path, block_table):
     from .triton_kernels.kv_commit import kv_advance_kernel, kv_move_kernel
 
@@ -400,10 +422,11 @@ def _triton_kv_commit(caches, seq_lens, accepted_path, block_table):
         addresses, geometry, _ = _cache_tables(group, seq_lens.device)
         row_elems = max(c.shape[2] * c.shape[3] for c in group)
         block = min(max(next_pow2(row_elems), 16), 1024)
+        contiguous_rows, vec = _row_layout(group)
         kv_move_kernel[(batch, len(group))](
             addresses, geometry, seq_lens, path, table, *geometry_args,
             ELEM_BYTES=group[0].element_size(), PAGED=paged, BLOCK_M=block_m, BLOCK=block,
-            ROW_TILES=-(-row_elems // block),
+            ROW_TILES=-(-row_elems // block), CONTIGUOUS_ROWS=contiguous_rows, VEC=vec,
         )
     kv_advance_kernel[(batch,)](seq_lens, path, table, *geometry_args, PAGED=paged, BLOCK_M=block_m)
     return None
