@@ -350,28 +350,33 @@ def test_triton_row_layout_fast_path_taken_only_when_every_cache_allows_it(monke
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
-def test_triton_row_layout_per_element_size_group():
-    # Each element size is its own launch group: a misaligned 4-byte cache keeps the 2-byte group's fast path.
-    from specdec_ops.kv import _row_layout
+def test_triton_row_layout_from_shapes_strides_and_addresses():
+    # Each element size is its own launch group with its own VEC (16 bytes); size-1 dims' strides do not matter.
+    from specdec_ops.kv import _row_layout, _slot_rows
+
+    def layout(group):
+        return _row_layout(_slot_rows(group), group[0].element_size())
 
     gen = torch.Generator().manual_seed(33)
     bf16 = [row_layout_cache("aligned", (2, 8), 2, 32, torch.bfloat16, gen) for _ in range(2)]
     fp32 = [row_layout_cache("odd_offset", (2, 8), 2, 32, torch.float32, gen)]
     fp8 = [row_layout_cache("aligned", (2, 8), 2, 32, torch.float8_e4m3fn, gen).view(torch.uint8)]
-    assert _row_layout(bf16) == (True, 8)
-    assert _row_layout(fp32) == (True, 1)
-    assert _row_layout(fp8) == (True, 16)
-    assert _row_layout([row_layout_cache("aligned", (2, 8), 1, 8, torch.float32, gen)]) == (True, 4)
+    assert layout(bf16) == (True, 8)
+    assert layout(fp32) == (True, 1)
+    assert layout(fp8) == (True, 16)
+    assert layout([row_layout_cache("aligned", (2, 8), 1, 8, torch.float32, gen)]) == (True, 4)
     # size-1 dims: their strides do not matter for contiguity; a slot stride off 16 bytes does
-    one_head = torch.empty(2, 8, 4, 16, dtype=torch.bfloat16)[:, :, :1]  # stride(2) = 16 = D, H = 1
-    assert _row_layout([one_head]) == (True, 8)
+    one_head = torch.empty(2, 8, 1, 16, dtype=torch.bfloat16).as_strided((2, 8, 1, 16), (128, 16, 999, 1))
+    assert layout([one_head]) == (True, 8)
     wide_slots = torch.empty(2, 8, 3, 8, dtype=torch.bfloat16)[:, :, :2]  # stride(1) = 24 elements: 48 bytes
-    assert _row_layout([wide_slots]) == (True, 8)
+    assert layout([wide_slots]) == (True, 8)
     odd_slots = torch.empty(2, 8, 3, 4, dtype=torch.bfloat16)[:, :, :2]  # stride(1) = 12 elements: 24 bytes
-    assert _row_layout([odd_slots]) == (True, 1)
+    assert layout([odd_slots]) == (True, 1)
+    half_row = torch.empty(2, 8, 2, 4, dtype=torch.bfloat16)[:, :, :1]  # slots 16 bytes apart, rows of 8 bytes
+    assert layout([half_row]) == (True, 1)
     padded = torch.empty(2, 8, 2, 9, dtype=torch.bfloat16)[..., :8]  # stride(2) = 9 != D: rows not contiguous
-    assert _row_layout([padded]) == (False, 1)
-    assert _row_layout([bf16[0], padded]) == (False, 1)
+    assert layout([padded]) == (False, 1)
+    assert layout([bf16[0], padded]) == (False, 1)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
