@@ -315,7 +315,9 @@ def kv_cases():
         Case(name="kv_commit_triton", backend="triton", source="triton_kernels.kv_commit:kv_move_kernel",
              triton=dict(types=dict(cache_addresses_ptr="*i64", cache_geometry_ptr="*i64", seq_lens_ptr="*i64",
                                     path_ptr="*i64", block_table_ptr="*i64"),
-                         constexprs=dict(ELEM_BYTES=2, PAGED=False, BLOCK_M=4, BLOCK=1024, ROW_TILES=1), num_warps=4),
+                         # the launcher's pick for contiguous, 16-byte aligned bf16 caches (kv.py _row_layout)
+                         constexprs=dict(ELEM_BYTES=2, PAGED=False, BLOCK_M=4, BLOCK=1024, ROW_TILES=1,
+                                         CONTIGUOUS_ROWS=True, VEC=8), num_warps=4),
              grid=lambda res: (caches * KV["batch"], 1), measure=_measure_kv("triton"), **common),
     ]
 

@@ -351,16 +351,39 @@ _TABLES: OrderedDict = OrderedDict()  # (device, caches' addresses and geometry)
 _TABLES_KEPT = 64
 
 
+def _slot_rows(group: list[torch.Tensor]) -> list[tuple[int, ...]]:
+    """Per cache: (data address, stride0, stride1, stride_head, stride_dim, head_dim, H * D), in elements."""
+    return [(c.data_ptr(), *c.stride(), c.shape[3], c.shape[2] * c.shape[3]) for c in group]
+
+
+def _row_layout(rows: list[tuple[int, ...]], elem_bytes: int) -> tuple[bool, int]:
+    """(CONTIGUOUS_ROWS, VEC) of kv_move_kernel for one group of caches of one element size (their
+    _slot_rows), from host-known metadata only (shapes, strides, data addresses: no device sync).
+
+    CONTIGUOUS_ROWS: every cache's slot rows are contiguous (element (h, d) of a slot at h * D + d: stride_dim
+    1 unless D == 1, stride_head D unless H == 1), so a row element's offset is its index.
+    VEC > 1 (16 bytes of elements) where, in addition, every cache starts on 16 bytes and its slot strides
+    (stride0, stride1) and row length are multiples of 16 bytes: the kernel then moves 16-byte vectors. Any
+    other layout takes the general path (per-element head/dim strides)."""
+    if not all((dim == 1 or stride_dim == 1) and (row == dim or stride_head == dim)
+               for _, _, _, stride_head, stride_dim, dim, row in rows):
+        return False, 1
+    vec = 16 // elem_bytes
+    aligned = all(address % 16 == 0 and stride0 % vec == 0 and stride1 % vec == 0 and row % vec == 0
+                  for address, stride0, stride1, _, _, _, row in rows)
+    return True, vec if aligned else 1
+
+
 def _cache_tables(group: list[torch.Tensor], device: torch.device):
-    """(cache_addresses int64 [C], cache_geometry int64 [C, 6], host copy) on `device` for one
-    group of caches of one element size: data addresses and (stride0, stride1,
-    stride_head, stride_dim, head_dim, H * D) in elements.
+    """(cache_addresses int64 [C], cache_geometry int64 [C, 6], (CONTIGUOUS_ROWS, VEC), host copy) on
+    `device` for one group of caches of one element size: data addresses and (stride0, stride1,
+    stride_head, stride_dim, head_dim, H * D) in elements, and the move kernel's variant (_row_layout).
 
     Memoized per set of caches (addresses, strides, shapes): a decode loop's static
     caches build them once, with a non-blocking copy from pinned memory on CUDA
     (no sync); later calls and CUDA graph replays reuse the same device tensors.
     """
-    rows = [(c.data_ptr(), *c.stride(), c.shape[3], c.shape[2] * c.shape[3]) for c in group]
+    rows = _slot_rows(group)
     key = (device, group[0].element_size(), tuple(rows))
     tables = _TABLES.get(key)
     if tables is not None:
@@ -372,7 +395,8 @@ def _cache_tables(group: list[torch.Tensor], device: torch.device):
         table = host.to(device, non_blocking=True)
     else:
         table = host.to(device)
-    tables = (table[:, 0].contiguous(), table[:, 1:].contiguous(), host)  # keep the pinned source alive with the copy
+    layout = _row_layout(rows, group[0].element_size())
+    tables = (table[:, 0].contiguous(), table[:, 1:].contiguous(), layout, host)  # keep the pinned source alive
     if device.type != "cpu":
         _TABLES[key] = tables
         while len(_TABLES) > _TABLES_KEPT:
@@ -397,13 +421,13 @@ def _triton_kv_commit(caches, seq_lens, accepted_path, block_table):
         if cache.numel() > 0:
             groups.setdefault(cache.element_size(), []).append(cache.view(_BITS_OF_SIZE[cache.element_size()]))
     for group in groups.values():  # one launch per element size: every cache of the usual single dtype at once
-        addresses, geometry, _ = _cache_tables(group, seq_lens.device)
+        addresses, geometry, (contiguous_rows, vec), _ = _cache_tables(group, seq_lens.device)
         row_elems = max(c.shape[2] * c.shape[3] for c in group)
         block = min(max(next_pow2(row_elems), 16), 1024)
         kv_move_kernel[(batch, len(group))](
             addresses, geometry, seq_lens, path, table, *geometry_args,
             ELEM_BYTES=group[0].element_size(), PAGED=paged, BLOCK_M=block_m, BLOCK=block,
-            ROW_TILES=-(-row_elems // block),
+            ROW_TILES=-(-row_elems // block), CONTIGUOUS_ROWS=contiguous_rows, VEC=vec,
         )
     kv_advance_kernel[(batch,)](seq_lens, path, table, *geometry_args, PAGED=paged, BLOCK_M=block_m)
     return None

@@ -279,6 +279,106 @@ def test_triton_one_move_launch_per_element_size(monkeypatch, dtypes, move_launc
     assert sum(g[1] for g in grids["move"]) == len(caches) and all(g[0] == 3 for g in grids["move"])
 
 
+def row_layout_cache(kind, lead, heads, dim, dtype, gen):
+    """A cache of `kind` for the Triton row-layout tests: "aligned" (contiguous rows, 16-byte aligned),
+    "odd_offset" (contiguous rows, storage sliced one element in: not 16-byte aligned), "odd_row"
+    (contiguous, H * D not a multiple of 16 bytes), "odd_slot_stride" (contiguous rows, slot stride not a
+    multiple of 16 bytes), "hf" (an HF [B, H, S, D] cache's transpose) or
+    "strided_dim" (head dim not innermost)."""
+    shape = (*lead, heads, dim)
+    if kind == "odd_offset":
+        flat = random_cache((lead[0] * lead[1] * heads * dim + 1,), dtype, gen)
+        return flat[1:].view(shape)
+    if kind == "hf":
+        return random_cache((lead[0], heads, lead[1], dim), dtype, gen).transpose(1, 2)
+    if kind == "strided_dim":
+        return random_cache((*lead, dim, heads), dtype, gen).permute(0, 1, 3, 2)
+    if kind == "odd_row":
+        return random_cache((*lead, heads, dim - 1), dtype, gen)
+    if kind == "odd_slot_stride":  # H * D = 8 elements (16 bytes) but slots 12 elements (24 bytes) apart
+        return random_cache((*lead, 3, 4), dtype, gen)[:, :, :2]
+    return random_cache(shape, dtype, gen)
+
+
+# (cache kinds of one call, CONTIGUOUS_ROWS, VEC for bf16): the fast path only when every cache allows it
+ROW_LAYOUTS = [
+    (["aligned"] * 4, True, 8),
+    (["aligned", "odd_offset", "aligned", "aligned"], True, 1),  # one misaligned cache: scalar accesses
+    (["odd_row", "odd_row"], True, 1),
+    (["aligned", "odd_slot_stride"], True, 1),
+    (["aligned", "hf", "aligned", "aligned"], False, 1),  # one cache without contiguous rows: general path
+    (["strided_dim", "aligned"], False, 1),
+    (["hf", "hf"], False, 1),
+]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("kinds,contiguous_rows,vec", ROW_LAYOUTS,
+                         ids=lambda x: "-".join(x) if isinstance(x, list) else str(x))
+def test_triton_row_layout_fast_path_taken_only_when_every_cache_allows_it(monkeypatch, paged, kinds,
+                                                                          contiguous_rows, vec):
+    # The launcher picks kv_move_kernel's CONTIGUOUS_ROWS / VEC from shapes, strides and data addresses; the
+    # result is the out-of-place gather on either path (the same bits: these are copies).
+    from specdec_ops.triton_kernels import kv_commit as kernels
+
+    move_kernel, launches = kernels.kv_move_kernel, []
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                launches.append(meta)
+                return move_kernel[grid](*args, **meta)
+            return launch
+
+    monkeypatch.setattr(kernels, "kv_move_kernel", Recording())
+    gen = torch.Generator().manual_seed(31)
+    rng = random.Random(31)
+    batch, slots, block_size, max_blocks, window = 3, 16, 4, 5, 7
+    num_blocks = batch * max_blocks + 2
+    table = torch.randperm(num_blocks, generator=gen)[: batch * max_blocks].view(batch, max_blocks).to(torch.int32)
+    lead = (num_blocks, block_size) if paged else (batch, slots)
+    capacity = max_blocks * block_size if paged else slots
+    caches = [row_layout_cache(kind, lead, 2, 32, torch.bfloat16, gen) for kind in kinds]
+    seq_lens = torch.tensor([rng.randint(0, capacity - window) for _ in range(batch)], dtype=torch.int32)
+    path = torch.tensor([[0, 2, 3, 6, -1, -1], [0, 1, 4, 5, 6, -1], [0, 3, -1, -1, -1, -1]])
+    table = table if paged else None
+    expected, expected_lens = gather_expected(caches, seq_lens, path, table)
+    specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend="triton")
+    assert_committed(caches, expected, seq_lens, expected_lens)
+    assert [(m["CONTIGUOUS_ROWS"], m["VEC"]) for m in launches] == [(contiguous_rows, vec)]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_triton_row_layout_from_shapes_strides_and_addresses():
+    # Each element size is its own launch group with its own VEC (16 bytes); size-1 dims' strides do not matter.
+    from specdec_ops.kv import _row_layout, _slot_rows
+
+    def layout(group):
+        return _row_layout(_slot_rows(group), group[0].element_size())
+
+    gen = torch.Generator().manual_seed(33)
+    bf16 = [row_layout_cache("aligned", (2, 8), 2, 32, torch.bfloat16, gen) for _ in range(2)]
+    fp32 = [row_layout_cache("odd_offset", (2, 8), 2, 32, torch.float32, gen)]
+    fp8 = [row_layout_cache("aligned", (2, 8), 2, 32, torch.float8_e4m3fn, gen).view(torch.uint8)]
+    assert layout(bf16) == (True, 8)
+    assert layout(fp32) == (True, 1)
+    assert layout(fp8) == (True, 16)
+    assert layout([row_layout_cache("aligned", (2, 8), 1, 8, torch.float32, gen)]) == (True, 4)
+    # size-1 dims: their strides do not matter for contiguity; a slot stride off 16 bytes does
+    one_head = torch.empty(2, 8, 1, 16, dtype=torch.bfloat16).as_strided((2, 8, 1, 16), (128, 16, 999, 1))
+    assert layout([one_head]) == (True, 8)
+    wide_slots = torch.empty(2, 8, 3, 8, dtype=torch.bfloat16)[:, :, :2]  # stride(1) = 24 elements: 48 bytes
+    assert layout([wide_slots]) == (True, 8)
+    odd_slots = torch.empty(2, 8, 3, 4, dtype=torch.bfloat16)[:, :, :2]  # stride(1) = 12 elements: 24 bytes
+    assert layout([odd_slots]) == (True, 1)
+    half_row = torch.empty(2, 8, 2, 4, dtype=torch.bfloat16)[:, :, :1]  # slots 16 bytes apart, rows of 8 bytes
+    assert layout([half_row]) == (True, 1)
+    padded = torch.empty(2, 8, 2, 9, dtype=torch.bfloat16)[..., :8]  # stride(2) = 9 != D: rows not contiguous
+    assert layout([padded]) == (False, 1)
+    assert layout([bf16[0], padded]) == (False, 1)
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 def test_triton_kernels_compile_for_sm90_without_a_gpu():
     compile_ahead_of_time("aot_kv_commit_kernel.py")

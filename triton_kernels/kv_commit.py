@@ -8,6 +8,12 @@ as csrc/kv/kv_math.h, and the same two-kernel design as csrc/kv/kv_kernels.cu.
   (``cache_geometry``, int64 [C, 6]: stride0, stride1, stride_head, stride_dim,
   head_dim, H * D, in elements). A call whose caches all share one element size
   (the usual case) is one launch. It only reads ``seq_lens``.
+  Two constexprs, picked by the launcher from host-known metadata, select the
+  per-element addressing: ``CONTIGUOUS_ROWS`` (every cache's slot row of H * D
+  elements is contiguous: a row element's offset is its index, no head_dim division)
+  and ``VEC`` (elements per 16 bytes where every cache's address, slot strides and
+  row length are multiples of 16 bytes, else 1: the moves become 16-byte vectors).
+  Other layouts take the general path (offsets through stride_head and stride_dim).
 * ``kv_advance_kernel`` then advances ``seq_lens[b]`` by the path length, one
   program per request. Launched after the moves on the same stream, so no move
   program can see an advanced ``seq_lens[b]``; nothing is kept between launches.
@@ -17,7 +23,9 @@ row elements): Triton 3.6's interpreter cannot iterate up to a runtime argument
 with NumPy 2.
 
 A program checks all path entries at once (``_valid_prefix``: the first bad entry
-ends the path), then moves the slots in increasing path order, row by row over one
+ends the path), then moves the slots in increasing path order (unpaged caches take
+an entry's slot from the path entry itself, a scalar load; paged ones pick it out of
+the checked vectors, which hold the block table lookups), row by row over one
 fixed tile layout, so each column stays with one thread: alias-safe by the argument
 in kv_math.h (slot i is written only after every read of it, and never read again).
 Identity entries (a_i == i, a fully accepted chain) copy nothing.
@@ -66,7 +74,7 @@ def _valid_prefix(seq_lens_ptr, path_ptr, block_table_ptr, b, max_path, path_str
 def kv_move_kernel(cache_addresses_ptr, cache_geometry_ptr, seq_lens_ptr, path_ptr, block_table_ptr,
                    max_path, path_stride, capacity, block_size, num_blocks, block_table_stride,
                    ELEM_BYTES: tl.constexpr, PAGED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
-                   ROW_TILES: tl.constexpr):
+                   ROW_TILES: tl.constexpr, CONTIGUOUS_ROWS: tl.constexpr, VEC: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1).to(tl.int64)
     i, a, length, src0, src1, dst0, dst1 = _valid_prefix(
@@ -88,21 +96,48 @@ def kv_move_kernel(cache_addresses_ptr, cache_geometry_ptr, seq_lens_ptr, path_p
         stride_dim = tl.load(geometry + 3)
         head_dim = tl.load(geometry + 4).to(tl.int32)
         row_elems = tl.load(geometry + 5).to(tl.int32)
-        src_off = src0 * stride0 + src1 * stride1
-        dst_off = dst0 * stride0 + dst1 * stride1
+        if VEC > 1:
+            # The launcher proved that every cache of the group starts on 16 bytes and that its slot strides
+            # and row length are multiples of VEC elements (16 bytes): say so, for 16-byte loads and stores.
+            # (x // VEC) * VEC is x itself then; it states the divisibility where a hint would not reach.
+            cache_ptr = tl.multiple_of(cache_ptr, 16)
+            row_elems = tl.multiple_of(row_elems, VEC)
+            stride0 = (stride0 // VEC) * VEC
+            stride1 = (stride1 // VEC) * VEC
+        if PAGED:
+            src_off = src0 * stride0 + src1 * stride1
+            dst_off = dst0 * stride0 + dst1 * stride1
+        else:
+            # Contiguous caches: slot seq_len + x of request b is base + x * stride1, so an entry's offsets
+            # come from the path entry itself (a scalar load, no cross-lane selection per entry).
+            base = b * stride0 + tl.load(seq_lens_ptr + b).to(tl.int64) * stride1
+            path_row = path_ptr + b * path_stride
         cols = tl.arange(0, BLOCK)  # int32: H * D < 2^31 (checked by the wrapper)
         for k in range(1, BLOCK_M):  # constexpr bounds: k < length <= max_path <= BLOCK_M
-            pick = i == k
-            a_k = tl.sum(tl.where(pick, a, 0), 0)
-            if (k < length) & (a_k != k):
-                src = tl.sum(tl.where(pick, src_off, 0), 0)
-                dst = tl.sum(tl.where(pick, dst_off, 0), 0)
-                for tile in range(ROW_TILES):  # the group's widest row in tiles of BLOCK; masked per cache
-                    j = tile * BLOCK + cols
-                    col_mask = j < row_elems
-                    col = (j // head_dim).to(tl.int64) * stride_head + (j % head_dim).to(tl.int64) * stride_dim
-                    v = tl.load(cache_ptr + src + col, mask=col_mask)
-                    tl.store(cache_ptr + dst + col, v, mask=col_mask)
+            if k < length:
+                if PAGED:
+                    pick = i == k
+                    a_k = tl.sum(tl.where(pick, a, 0), 0)
+                    src = tl.sum(tl.where(pick, src_off, 0), 0)
+                    dst = tl.sum(tl.where(pick, dst_off, 0), 0)
+                    if VEC > 1:
+                        src = (src // VEC) * VEC
+                        dst = (dst // VEC) * VEC
+                else:
+                    a_k = tl.load(path_row + k).to(tl.int64)  # a valid entry (k < length): inside the path
+                    src = base + a_k * stride1
+                    dst = base + k * stride1
+                if a_k != k:
+                    for tile in range(ROW_TILES):  # the group's widest row in tiles of BLOCK; masked per cache
+                        j = tile * BLOCK + cols
+                        col_mask = j < row_elems
+                        if CONTIGUOUS_ROWS:  # stride_dim == 1, stride_head == head_dim for every cache
+                            col = j
+                        else:
+                            col = ((j // head_dim).to(tl.int64) * stride_head
+                                   + (j % head_dim).to(tl.int64) * stride_dim)
+                        v = tl.load(cache_ptr + src + col, mask=col_mask)
+                        tl.store(cache_ptr + dst + col, v, mask=col_mask)
 
 
 @triton.jit(do_not_specialize=["max_path"])
