@@ -179,13 +179,20 @@ PY
 }
 
 run() {
-  local spec name rc worst=0
+  # The combinations run side by side (the Triton interpreter is single-threaded Python: two runs share the cores
+  # well), each into its own log, printed whole and in order once all are done.
+  local spec name rc worst=0 pids=() names=() i
   for spec in "${COMBOS[@]}" "$FLOOR"; do
     read -r name _ <<< "$spec"
     selected "$name" || continue
+    mkdir -p "$DIR/$name"
     # shellcheck disable=SC2086
-    run_one $spec; rc=$?
-    echo "$rc" > "$DIR/$name/status"
+    ( run_one $spec; rc=$?; echo "$rc" > "$DIR/$name/status"; exit $rc ) > "$DIR/$name.run.log" 2>&1 &
+    pids+=($!); names+=("$name")
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"; rc=$?
+    cat "$DIR/${names[$i]}.run.log"
     [ $rc -eq 1 ] && worst=1
     [ $rc -eq 2 ] && [ $worst -eq 0 ] && worst=2
   done

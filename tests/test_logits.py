@@ -1139,12 +1139,13 @@ def _split_cases():
 @pytest.mark.parametrize("chunk", [16, 48, 256])
 def test_triton_split_chain_equals_the_cpu_op(draft_probs, logprobs, chunk):
     """The split pair (chunk partials, then walk + race over chunks with a ticket) against the C++ op, chunk
-    sizes from one tile per chunk to one chunk per row, several offsets so that races land everywhere."""
+    sizes from one tile per chunk to one chunk per row, other offsets (other random numbers: races and acceptances
+    land elsewhere) at the middle size."""
     from specdec_ops.logits import _launch_chain
 
     logits, drafts, num, temperature, q, seeds = _split_cases()
     q = q if draft_probs else None
-    for offset in range(3):
+    for offset in range(3 if chunk == 48 else 1):
         offsets = torch.full((logits.shape[0],), offset, dtype=torch.int64)
         ref = specdec_ops.rejection_sample_logits(logits, drafts, num, q, temperature=temperature, seeds=seeds,
                                                   offsets=offsets, return_logprobs=logprobs, reject_invalid_drafts=True,
