@@ -390,7 +390,10 @@ def logits_cases():
     shared-memory loops count their instructions (issue time: the max read-back, the exp-sum, the race) but
     no HBM bytes and no latency trips (see the model's assumptions). Not modelled: the barrier's wait (about
     2 x LATENCY_S per pass that is not the kernel's last), shared-memory latency and bank conflicts.
-    CUDA with top-p: one block per request (rejection_sample_logits_kernel). Triton: one program per request."""
+    CUDA with top-p: the same kernel's kFiltered variant, with 4 radix passes per row over the share in shared
+    memory (each charged the longest radix loop: pass 0 by mass; bin contention in the shared-memory atomics
+    is not modelled) and their histograms exchanged through the workspace. Triton with top-p: one program per
+    request."""
     cases = []
     batch, rows = 64, K + 1
     row_bytes = V * 2
