@@ -390,7 +390,10 @@ def logits_cases():
     shared-memory loops count their instructions (issue time: the max read-back, the exp-sum, the race) but
     no HBM bytes and no latency trips (see the model's assumptions). Not modelled: the barrier's wait (about
     2 x LATENCY_S per pass that is not the kernel's last), shared-memory latency and bank conflicts.
-    CUDA with top-p: one block per request (rejection_sample_logits_kernel). Triton: one program per request."""
+    CUDA with top-p: the same kernel's kFiltered variant, with 4 radix passes per row over the share in shared
+    memory (each charged the longest radix loop: pass 0 by mass; bin contention in the shared-memory atomics
+    is not modelled) and their histograms exchanged through the workspace. Triton with top-p: one program per
+    request."""
     cases = []
     batch, rows = 64, K + 1
     row_bytes = V * 2
@@ -399,17 +402,13 @@ def logits_cases():
         scalars = batch * K * _sector_reads(2 if has_q else 1)
         shape = f"B=64 K=4 bf16 {'q' if has_q else 'one-hot'}{', top-p 0.9' if top_p else ''}, all accepted"
         for backend in ("cuda", "triton"):
-            if backend == "cuda" and not top_p:
-                # Resident rows: the copy (HBM, with the max's loop kind) and the max read-back, kept mass and
-                # race over the share in shared memory (the race's draft-probs loads, skipped on the bonus row,
-                # are not LDS: one stream of the share).
-                phases = [("max", rows, 1), ("max", rows, 1, "smem"), ("expsum", rows, 1, "smem"),
-                          ("race", 1, 1, "smem")]
-            elif backend == "cuda":
-                # row_stats: max, [radix select by mass: 4 passes], kept mass; row_race on the bonus row (its
-                # loop also holds the draft-probs loads, skipped on the bonus row: 2 streams in the body).
-                phases = [("max", rows, 1)] + ([("radix", 4 * rows, 1)] if top_p else []) + \
-                         [("expsum", rows, 1), ("race", 1, 2)]
+            if backend == "cuda":
+                # Resident rows: the copy (HBM, with the max's loop kind) and the max read-back, [the radix
+                # select by mass: 4 passes], the kept mass and the race over the share in shared memory (the
+                # race's draft-probs loads, skipped on the bonus row, are not LDS: one stream of the share).
+                phases = [("max", rows, 1), ("max", rows, 1, "smem")] + \
+                         ([("radix", 4 * rows, 1, "smem")] if top_p else []) + \
+                         [("expsum", rows, 1, "smem"), ("race", 1, 1, "smem")]
             else:
                 # row_stats: row_max, [kept mass, radix_select by mass: 8 passes], total; row_race.
                 phases = [("max", rows, 1)] + ([("radix", 8 * rows, 1)] if top_p else []) + \
@@ -420,19 +419,22 @@ def logits_cases():
                           bytes_moved=batch * hbm_passes * row_bytes + scalars, min_bytes=batch * rows * row_bytes,
                           elems_per_pass=V, items=batch, passes=passes, phases=phases,
                           measure=_measure_logits(has_q, top_p, backend))
-            if backend == "cuda" and not top_p:
+            if backend == "cuda":
+                parts = 8  # _logits_parts at this scenario (checked below against the compiled resources)
                 exchanges = 2 * rows + 1  # max and kept mass per row, the race: one barrier each
                 workspace = exchanges * 2 * (8 * 32 + 32 * 4)  # per request: partials and virtual-warp sums, w + r
+                if top_p:
+                    # Each radix pass: every block adds its non-empty bins into the request's histogram (at most
+                    # 2 KB of atomics) and reads the whole 2 KB back after the barrier; block 0 zeroes the next
+                    # one (2 KB). Counted as HBM bytes although they stay in L2: an upper bound.
+                    workspace += 4 * rows * (parts * 2 * 2048 + 2048)
                 common["bytes_moved"] += batch * workspace
-                parts = 8  # _logits_parts at this scenario (checked below against the compiled resources)
                 share = -(-V // 1024) * (1024 // parts) * 2  # logits_split.h split_share_bytes: 126 chunks x 128 x bf16
                 cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",
-                                  function=r"36rejection_sample_logits_split_kernelI13__nv_bfloat16S\d_Lb1E",
+                                  function=r"36rejection_sample_logits_split_kernelI13__nv_bfloat16S\d_Lb1ELb%dE"
+                                  % int(top_p),
                                   grid=lambda res: _logits_grid(res, batch, parts),
                                   loop_pick=_logits_unit_temperature_loop, dynamic_smem=share, **common))
-            elif backend == "cuda":
-                cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",
-                                  function=r"30rejection_sample_logits_kernelI13__nv_bfloat16S\d_E", **common))
             elif not top_p:
                 cases.append(_logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common))
             else:
@@ -635,7 +637,9 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False):
     are kept, then those with the widest loads (the vectorized path), and of several versions of one source
     loop the one with the most load bytes when the case reads several streams, else the one with the fewest. Cold instructions are those of the
     race's log path: the largest forward-branch region around each log marker that holds no random bits and
-    no loads (the path an entry takes only when it may still win, or when a race is still empty)."""
+    no loads (the path an entry takes only when it may still win, or when a race is still empty). A shared-memory
+    compare-and-swap retry loop counts once, inside the loop around it (no retries: bin contention is not
+    modelled)."""
     index = {addr: i for i, (addr, _) in enumerate(sass)}
     loops = []
     for i, (addr, ins) in enumerate(sass):
@@ -650,6 +654,8 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False):
         philox = PHILOX_CONSTANT in text
         if nload == 0:
             continue
+        if re.search(r"\bATOMS\.CAST?\.SPIN", text) and len(body) <= 16:
+            continue  # a compare-and-swap retry loop (a 64-bit or float add in shared memory): part of its loop
         if kind == "race" and not philox:
             continue
         if kind == "scan" and (philox or "STG" in text):

@@ -1012,7 +1012,7 @@ def test_cuda_graph_capture_and_replay():
 
 
 def _unfiltered(args, temperature):
-    """Filters off by absence (the CUDA split kernel) and by value (top_p = 1: the single-block kernel)."""
+    """Filters off by absence (the split kernel) and by value (top_p = 1: its kFiltered variant, no filter on)."""
     absent = dict(args, temperature=temperature, top_k=None, top_p=None, min_p=None)
     by_value = dict(absent, top_p=torch.ones(temperature.shape[0], device=temperature.device))
     return absent, by_value
@@ -1023,14 +1023,57 @@ def _assert_identical(a, b):
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=0, rtol=0, equal_nan=True)
 
 
+def _single_block_batch():
+    """A batch too large for two blocks per request to be resident at once (at most 32 blocks of 128 threads
+    per SM): the launcher runs the single-block kernel for it (logits_split.h logits_split_for)."""
+    return torch.cuda.get_device_properties(0).multi_processor_count * 32 + 1
+
+
+def _requests(args, lo, hi):
+    """Requests lo..hi-1 of a padded batch (every per-request tensor sliced)."""
+    batch = args["draft_token_ids"].shape[0]
+    return {k: (v[lo:hi] if isinstance(v, torch.Tensor) and v.shape[:1] == (batch,) else v) for k, v in args.items()}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("vocab", [1025, 8193])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("filtered", [False, True], ids=["no_filters", "filters"])
+def test_cuda_split_kernel_equals_single_block(draft_probs, vocab, dtype, filtered):
+    """Requests are independent: a batch too large for the split kernel runs the single-block kernel, and
+    slices of it small enough run the split kernel. Without filters they agree bit for bit (tokens, counts,
+    logprobs: the kept mass rounds in the same order, logits_split.h); with mixed filters (top-k, top-p,
+    min-p) the split threshold comes from fixed-point masses and the single-block one from float atomics,
+    so rare near-ties may differ; the split kernel gives the same result on every run."""
+    big = _single_block_batch()
+    args = _to(make_batch(big, 4, vocab, draft_probs=draft_probs, dtype=dtype, seed=vocab + big), "cuda")
+    if not filtered:
+        args, _ = _unfiltered(args, torch.tensor([0.0, 1.0, 0.7, 1.3], device="cuda").repeat(big)[:big])
+    whole = call(args, "cuda")
+    same = 0
+    for lo in range(0, big, 64):
+        part = _requests(args, lo, min(lo + 64, big))
+        split = call(part, "cuda")
+        _assert_identical(split, call(part, "cuda"))  # deterministic
+        piece = _requests(dict(token_ids=whole.token_ids, num_accepted=whole.num_accepted,
+                               logprobs=whole.logprobs, draft_token_ids=args["draft_token_ids"]), lo, lo + 64)
+        if not filtered:
+            assert torch.equal(split.token_ids, piece["token_ids"])
+            assert torch.equal(split.num_accepted, piece["num_accepted"])
+            torch.testing.assert_close(split.logprobs, piece["logprobs"], atol=0, rtol=0, equal_nan=True)
+        same += int((split.token_ids == piece["token_ids"]).all(-1).sum())
+    assert same >= 0.99 * big
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
 @pytest.mark.parametrize("vocab,batch", [(1025, 8), (128256, 64), (151936, 200), (40, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_split_kernel_equals_single_block_bit_for_bit(draft_probs, vocab, batch, dtype):
-    """Batches without filter tensors run the split kernel (several blocks per request); the same batch
-    with top_p = 1 runs the single-block kernel: same tokens, counts and logprobs bit for bit (the kept mass
-    rounds in the same order, logits_split.h). Temperatures mix greedy, 1 and others."""
+def test_cuda_filters_off_by_value_equal_absent_bit_for_bit(draft_probs, vocab, batch, dtype):
+    """Filter tensors that filter nothing (top_p = 1) run the split kernel's kFiltered variant; the same
+    batch without filter tensors its plain variant: the same tokens, counts and logprobs bit for bit.
+    Temperatures mix greedy, 1 and others."""
     args = _to(make_batch(batch, 4, vocab, draft_probs=draft_probs, dtype=dtype, seed=vocab + batch), "cuda")
     temperature = torch.tensor([0.0, 1.0, 0.7, 1.3], device="cuda").repeat(batch)[:batch]
     absent, by_value = _unfiltered(args, temperature)
@@ -1041,6 +1084,21 @@ def test_cuda_split_kernel_equals_single_block_bit_for_bit(draft_probs, vocab, b
     for ids in (args["draft_token_ids"].neg().sub(1), args["target_logits"][:, :4].float().argmax(-1)):
         a, v = dict(absent, draft_token_ids=ids), dict(by_value, draft_token_ids=ids)
         _assert_identical(call(a, "cuda"), call(v, "cuda"))
+
+
+@pytest.mark.cuda
+def test_cuda_filtered_split_kernel_graph_capture_and_replay():
+    args = _to(make_batch(64, 4, 32000, seed=6, dtype=torch.bfloat16), "cuda")  # mixed filters
+    call(args, "cuda")  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(args, "cuda")
+    for _ in range(3):
+        args["offsets"].add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_identical(out, call(args, "cuda"))
 
 
 @pytest.mark.cuda

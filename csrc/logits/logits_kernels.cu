@@ -12,14 +12,15 @@
 //      p = e / S (or max(p - q, 0)), the arithmetic of rejection_kernels.cu.
 // Rows after the first rejection are never read. The tree kernel walks the tree as
 // tree_verify_kernels.cu does, entering a node's row statistics when the walk reaches it.
-// Chain batches without filter tensors (top_k, top_p, min_p all absent) run
-// rejection_sample_logits_split_kernel instead when the device fits more than one block per
-// request: steps 1, 3 and 4 split over several blocks per request (logits_split.h), with the
-// same outputs bit for bit (the kept mass rounds in the single-block kernel's order; argmaxes
-// and races merge exactly over any partition). Where a block's share of a row fits in shared memory
+// Chain batches run rejection_sample_logits_split_kernel instead when the device fits more than
+// one block per request: steps 1 to 4 split over several blocks per request (logits_split.h), with
+// the same outputs bit for bit (the kept mass rounds in the single-block kernel's order; argmaxes
+// and races merge exactly over any partition; the radix select's histograms add up the same counts
+// and, in some order, the same masses: the digits the single-block kernel picks, up to the order its
+// own shared-memory atomics add the masses in). Where a block's share of a row fits in shared memory
 // beside the batch's blocks (split_share_bytes_for), the resident-row variant reads each row from HBM
-// once: the max pass copies the share into shared memory, the kept mass and the race read it there.
-// Batches with filters keep one block per request.
+// once: the max pass copies the share into shared memory, the radix passes, the kept mass and the
+// race read it there.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -324,7 +325,7 @@ __global__ void __launch_bounds__(kMaxThreads) rejection_sample_logits_kernel(co
   if (threadIdx.x == 0) p.num_accepted[b] = static_cast<int32_t>(k);
 }
 
-// ---- Split chain kernel: batches without filters (top_k, top_p and min_p all absent) ----
+// ---- Split chain kernel: every batch where the device holds it (with filters: kFiltered) ----
 // Grid (B, parts), kSplitThreads threads (logits_split.h). Every block of a request runs the same
 // chain walk as rejection_sample_logits_kernel; each vocab-wide step is a pass in which every
 // block sweeps its share of the row, writes a partial into the workspace, meets the request's
@@ -366,6 +367,8 @@ struct SplitCtx {
   char* request_ws;
   unsigned* counter;
   unsigned passes;
+  char* hist_ws;       // rows with filters: the request's kSplitHistBuffers histograms (logits_split.h)
+  unsigned histograms; // histograms taken so far in the walk
 };
 
 __device__ __forceinline__ float* split_next_buffer(SplitCtx& c) {
@@ -570,9 +573,19 @@ __device__ __forceinline__ ArgMax split_max_share(const T* __restrict__ row, int
 
 // Pass: split_sum_sweep over the share: virtual thread part * slice + o reads positions o,
 // slice + o, ... (its entries o + part * slice, + vthreads, ...) in the same order and grouping.
-template <int kVThreads, bool kUnitT, typename T>
+// kTau: only entries with key >= tau count (rows with filters); a skipped entry adds 0, which leaves
+// the sum as the single-block kernel's skip does (every term is >= 0).
+template <bool kUnitT, bool kTau>
+__device__ __forceinline__ float kept_exp(float x, float m, float temperature, uint32_t tau) {
+  const float z = kUnitT ? x - m : scaled_logit(x, m, temperature);
+  if constexpr (kTau) return order_key(z) >= tau ? exp_f(z) : 0.f;
+  return exp_f(z);
+}
+
+template <int kVThreads, bool kUnitT, bool kTau, typename T>
 __device__ __forceinline__ void split_sum_share_sweep(const T* __restrict__ share, int64_t V, float m,
-                                                      float temperature, const SplitCtx& c, float* vsum) {
+                                                      float temperature, uint32_t tau, const SplitCtx& c,
+                                                      float* vsum) {
   constexpr int U = 16;  // entries of one virtual thread in flight
   const int64_t vthreads = kVThreads ? kVThreads : c.l.vthreads;
   const int slice = static_cast<int>(split_share_slice(c.l));
@@ -588,11 +601,11 @@ __device__ __forceinline__ void split_sum_share_sweep(const T* __restrict__ shar
 #pragma unroll
       for (int k = 0; k < U; ++k) x[k] = logit_value(to_float(src[(j + k) * slice]));
 #pragma unroll
-      for (int k = 0; k < U; ++k) s += exp_f(kUnitT ? x[k] - m : scaled_logit(x[k], m, temperature));
+      for (int k = 0; k < U; ++k) s += kept_exp<kUnitT, kTau>(x[k], m, temperature, tau);
     }
     for (; j < n; ++j) {
       const float x = logit_value(to_float(src[j * slice]));
-      s += exp_f(kUnitT ? x - m : scaled_logit(x, m, temperature));
+      s += kept_exp<kUnitT, kTau>(x, m, temperature, tau);
     }
     s = split_warp_sum(s);
     if ((threadIdx.x & 31) == 0) vsum[first >> 5] = s;
@@ -643,9 +656,9 @@ __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_r
 // (virtual threads, logits_split.h). T = 1 gives the greedy logprob's sum of exp(x - m) bit for
 // bit ((x - m) / 1 is exact).
 // kUnitT: temperature 1, where (x - m) / 1 is x - m exactly: the division is left out.
-template <int kVThreads, bool kUnitT, typename T>
+template <int kVThreads, bool kUnitT, bool kTau, typename T>
 __device__ __forceinline__ void split_sum_sweep(const T* __restrict__ row, int64_t V, float m, float temperature,
-                                                const SplitCtx& c, float* vsum) {
+                                                uint32_t tau, const SplitCtx& c, float* vsum) {
   constexpr int U = 16;  // entries of one virtual thread in flight
   const int64_t vthreads = kVThreads ? kVThreads : c.l.vthreads;
   for (int h = 0; h < c.l.per_thread; ++h) {
@@ -657,11 +670,11 @@ __device__ __forceinline__ void split_sum_sweep(const T* __restrict__ row, int64
 #pragma unroll
       for (int k = 0; k < U; ++k) x[k] = load_logit(row, i + k * vthreads);
 #pragma unroll
-      for (int k = 0; k < U; ++k) s += exp_f(kUnitT ? x[k] - m : scaled_logit(x[k], m, temperature));
+      for (int k = 0; k < U; ++k) s += kept_exp<kUnitT, kTau>(x[k], m, temperature, tau);
     }
     for (; i < V; i += vthreads) {
       const float x = load_logit(row, i);
-      s += exp_f(kUnitT ? x - m : scaled_logit(x, m, temperature));
+      s += kept_exp<kUnitT, kTau>(x, m, temperature, tau);
     }
     s = split_warp_sum(s);
     if ((threadIdx.x & 31) == 0) vsum[(first + threadIdx.x) >> 5] = s;
@@ -669,15 +682,16 @@ __device__ __forceinline__ void split_sum_sweep(const T* __restrict__ row, int64
 }
 
 // kShare: `src` is the block's share in shared memory (split_sum_share_sweep), else the row.
-template <bool kShare, typename T>
+// kTau: the kept mass of a row with filters (entries with key >= tau), else every entry's.
+template <bool kShare, bool kTau = false, typename T>
 __device__ __forceinline__ float split_sum(const T* src, int64_t V, float m, float temperature, SplitCtx& c,
-                                           SplitShared& sh) {
+                                           SplitShared& sh, uint32_t tau = 0u) {
   float* buf = split_next_buffer(c);
   const auto sweep = [&](auto vthreads, auto unit_t) {
     constexpr int kV = decltype(vthreads)::value;
     constexpr bool kU = decltype(unit_t)::value;
-    if constexpr (kShare) split_sum_share_sweep<kV, kU>(src, V, m, temperature, c, buf);
-    else split_sum_sweep<kV, kU>(src, V, m, temperature, c, buf);
+    if constexpr (kShare) split_sum_share_sweep<kV, kU, kTau>(src, V, m, temperature, tau, c, buf);
+    else split_sum_sweep<kV, kU, kTau>(src, V, m, temperature, tau, c, buf);
   };
   using Full = std::integral_constant<int, kMaxThreads>;
   using Any = std::integral_constant<int, 0>;
@@ -733,18 +747,168 @@ __device__ __forceinline__ int64_t split_race(const T* row, const Q* q_row, int6
   return r_win.score > 0.f ? r_win.index : p_win.index;
 }
 
+// ---- Rows with filters: radix_select (above) with each pass's histogram split over the request's
+// blocks. A block histograms its part of the row (its share in shared memory, else its vocab_part
+// groups) in shared memory, adds the non-empty bins into the request's histogram of the pass (global
+// atomics: logits_split.h split_hist_offset), meets the other blocks, reads the whole histogram back
+// and picks the digit as the single-block kernel's thread 0 does: every block picks the same.
+// Masses are fixed point (logits_split.h split_fixed_mass): integer additions in any order give one
+// result, so the histograms, and with them the threshold, are the same on every run, and a 32-bit
+// native atomic adds the counts.
+struct SplitRadix {
+  unsigned counts[kRadixBins];
+  unsigned long long mass[kRadixBins];
+  uint32_t prefix;
+  int64_t remaining;
+  unsigned long long above;
+  unsigned long long target;
+};
+
+// f(x) for every entry x (logit_value applied) of this block's part of the row: its share (kShare:
+// 16-byte pieces of E entries, whole pieces of one slice and so consecutive entries of the row), else
+// its vocab_part groups of the row, one entry per thread in turn.
+template <bool kShare, typename T, typename F>
+__device__ __forceinline__ void split_for_each(const T* __restrict__ src, int64_t V, const SplitCtx& c, F&& f) {
+  if constexpr (kShare) {
+    constexpr int E = 16 / sizeof(T);
+    const int slice = static_cast<int>(split_share_slice(c.l));
+    const int shift = __ffs(slice) - 1;
+    const int pieces = static_cast<int>(split_share_entries(c.l, V) / E);
+    const int64_t vthreads = c.l.vthreads, base = c.part * slice;
+    for (int q = threadIdx.x; q < pieces; q += blockDim.x) {
+      const int64_t i0 = share_entry(q * E, shift, vthreads, base);
+      if (i0 >= V) break;  // entries increase with the position
+      if (i0 + E <= V) {
+        const uint4 v = *reinterpret_cast<const uint4*>(src + q * E);
+        const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+        for (int j = 0; j < E; ++j) f(logit_value(to_float(h[j])));
+      } else {
+        for (int j = 0; i0 + j < V; ++j) f(logit_value(to_float(src[q * E + j])));  // the piece the row's end cuts
+      }
+    }
+  } else {
+    const GroupRange range = vocab_part(V, c.l.parts, c.part);
+    const int64_t end = 4 * range.end < V ? 4 * range.end : V;
+    for (int64_t i = 4 * range.begin + threadIdx.x; i < end; i += blockDim.x) f(load_logit(src, i));
+  }
+}
+
+// One pass's histogram of this block's candidates (key >= floor_key, sharing the digits chosen so far).
+// A thread adds up runs of consecutive candidates in one bin in registers and adds a run with one
+// atomic per histogram: rows concentrate in a few bins (most of all in pass 0), and a 64-bit add in
+// shared memory is a compare-and-swap loop that lanes hitting one bin go through one at a time.
+template <bool kByMass, bool kShare, bool kUnitT, typename T>
+__device__ __forceinline__ void split_radix_sweep(const T* src, int64_t V, float m, float temperature,
+                                                  uint32_t floor_key, uint32_t prefix, int pass, const SplitCtx& c,
+                                                  SplitRadix& rs) {
+  uint32_t run_d = 0;
+  unsigned run_n = 0;
+  unsigned long long run_m = 0;
+  const auto flush = [&]() {
+    if (run_n == 0) return;
+    atomicAdd(&rs.counts[run_d], run_n);
+    if (kByMass) atomicAdd(&rs.mass[run_d], run_m);
+  };
+  split_for_each<kShare>(src, V, c, [&](float x) {
+    const float z = kUnitT ? x - m : scaled_logit(x, m, temperature);
+    const uint32_t key = order_key(z);
+    if (key < floor_key || !radix_match(key, prefix, pass)) return;
+    const uint32_t d = radix_digit(key, pass);
+    if (d != run_d) {
+      flush();
+      run_d = d;
+      run_n = 0;
+      run_m = 0;
+    }
+    ++run_n;
+    if (kByMass) run_m += split_fixed_mass(exp_f(z));
+  });
+  flush();
+}
+
+// radix_select over the request's row, split: the same digits, the same threshold.
+template <bool kByMass, bool kShare, typename T>
+__device__ uint32_t split_radix_select(const T* src, int64_t V, float m, float temperature, uint32_t floor_key,
+                                       float goal, SplitCtx& c, SplitRadix& rs) {
+  if (threadIdx.x == 0) {
+    rs.prefix = 0;
+    rs.remaining = static_cast<int64_t>(goal);
+    rs.above = 0ull;
+  }
+  for (int pass = 0; pass < kRadixPasses; ++pass) {
+    const unsigned n = c.histograms++;
+    unsigned* const counts = reinterpret_cast<unsigned*>(c.hist_ws + (n % kSplitHistBuffers) * split_hist_bytes());
+    unsigned long long* const mass = reinterpret_cast<unsigned long long*>(counts + kRadixBins);
+    if (c.part == 0) {  // the buffer of histogram n + 1: nobody reads it any more, nobody adds into it yet
+      unsigned* const next =
+          reinterpret_cast<unsigned*>(c.hist_ws + ((n + 1) % kSplitHistBuffers) * split_hist_bytes());
+      for (int d = threadIdx.x; d < split_hist_bytes() / 4; d += blockDim.x) next[d] = 0u;
+    }
+    for (int d = threadIdx.x; d < kRadixBins; d += blockDim.x) {
+      rs.counts[d] = 0u;
+      rs.mass[d] = 0ull;
+    }
+    __syncthreads();
+    const uint32_t prefix = rs.prefix;
+    if (temperature == 1.f) split_radix_sweep<kByMass, kShare, true>(src, V, m, temperature, floor_key, prefix, pass, c, rs);
+    else split_radix_sweep<kByMass, kShare, false>(src, V, m, temperature, floor_key, prefix, pass, c, rs);
+    __syncthreads();
+    for (int d = threadIdx.x; d < kRadixBins; d += blockDim.x) {
+      const unsigned k = rs.counts[d];
+      if (k == 0u) continue;  // most bins past the first pass
+      atomicAdd(counts + d, k);
+      if (kByMass) atomicAdd(mass + d, rs.mass[d]);
+    }
+    ++c.passes;  // the request's barrier count (split_next_buffer's passes)
+    cuda::request_barrier(c.counter, c.l.parts, c.passes);
+    for (int d = threadIdx.x; d < kRadixBins; d += blockDim.x) {
+      rs.counts[d] = __ldcg(counts + d);
+      rs.mass[d] = kByMass ? __ldcg(mass + d) : 0ull;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t d;
+      if (kByMass) {
+        if (pass == 0) {
+          unsigned long long total = 0ull;
+          for (int j = 0; j < kRadixBins; ++j) total += rs.mass[j];
+          rs.target = split_mass_target(goal, total);
+        }
+        unsigned long long above = rs.above;
+        d = radix_pick_mass(rs.counts, rs.mass, rs.target, above);
+        rs.above = above;
+      } else {
+        int64_t remaining = rs.remaining;
+        d = radix_pick_count(rs.counts, remaining);
+        rs.remaining = remaining;
+      }
+      rs.prefix = prefix | (d << (32 - kRadixBits * (pass + 1)));
+    }
+    __syncthreads();
+  }
+  const uint32_t result = rs.prefix;
+  __syncthreads();  // every thread has read it before a next select resets it
+  return result;
+}
+
 // kResident: the block's share of each row lives in dynamic shared memory (split_share_bytes).
-template <typename T, typename Q, bool kResident>
+// kFiltered: the batch has filter tensors (top_k, top_p or min_p): rows find their threshold tau by
+// the split radix select (split_radix_select), and the kept mass sums the entries with key >= tau.
+template <typename T, typename Q, bool kResident, bool kFiltered>
 __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sample_logits_split_kernel(const LogitsRejectionParams p,
                                                                                      const LogitsSplit layout) {
   __shared__ SplitShared sh;
+  __shared__ std::conditional_t<kFiltered, SplitRadix, char> rs;  // the radix select's (filters only)
   extern __shared__ __align__(16) unsigned char split_share_raw[];
   T* const share = reinterpret_cast<T*>(split_share_raw);
   const int64_t b = blockIdx.x, V = p.vocab;
   const bool leader = blockIdx.y == 0;
   const LogitsRequestRows rows = logits_request_rows(p, b);
   const int64_t n = rows.num_drafts;
-  const RowSampling s = row_sampling(p.sampling.temperature, nullptr, nullptr, nullptr, b, V);
+  const RowSampling s = kFiltered ? row_sampling(p.sampling.temperature, p.sampling.top_k, p.sampling.top_p,
+                                                 p.sampling.min_p, b, V)
+                                  : row_sampling(p.sampling.temperature, nullptr, nullptr, nullptr, b, V);
   const T* logits = static_cast<const T*>(p.target_logits);
   const Q* draft = static_cast<const Q*>(p.draft_probs);
   const int64_t* ids = p.draft_token_ids + rows.draft_base;
@@ -755,7 +919,13 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
   char* ws = static_cast<char*>(p.workspace);
   SplitCtx c{layout, static_cast<int64_t>(blockIdx.y),
              ws + split_counter_bytes(p.batch) + b * 2 * split_buffer_bytes(layout.parts),
-             reinterpret_cast<unsigned*>(ws) + b, 0u};
+             reinterpret_cast<unsigned*>(ws) + b, 0u,
+             kFiltered ? ws + split_hist_offset(p.batch, layout.parts, b, 0) : nullptr, 0u};
+  if constexpr (kFiltered) {
+    // Histogram 0's buffer, zeroed before the first barrier (the max pass's): logits_split.h.
+    if (leader)
+      for (int d = threadIdx.x; d < 2 * kRadixBins; d += blockDim.x) reinterpret_cast<unsigned*>(c.hist_ws)[d] = 0u;
+  }
 
   int64_t k = 0, final_token = 0;
   for (;; ++k) {
@@ -767,7 +937,22 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
     else mx = split_max(row, V, c, sh);
     const T* const src = kResident ? share : row;  // what the kept mass and the race read
     RowStats r{mx.score, mx.index, 0u, 0.f};  // no filters: tau 0 keeps every entry
-    if (!row_is_greedy(s) && r.m > -INFINITY) r.total = split_sum<kResident>(src, V, r.m, s.temperature, c, sh);
+    if (!row_is_greedy(s) && r.m > -INFINITY) {
+      if constexpr (kFiltered) {
+        // row_stats' threshold: top-k by count, top-p by mass above it, min-p (logits_math.h).
+        uint32_t tau = 0;
+        if (s.top_k > 0)
+          tau = split_radix_select<false, kResident>(src, V, r.m, s.temperature, 0u, static_cast<float>(s.top_k), c,
+                                                     rs);
+        if (s.top_p < 1.f) {
+          const uint32_t tau_p = split_radix_select<true, kResident>(src, V, r.m, s.temperature, tau, s.top_p, c, rs);
+          tau = tau_p > tau ? tau_p : tau;
+        }
+        const uint32_t tau_min = min_p_key(s.min_p);
+        r.tau = tau_min > tau ? tau_min : tau;
+      }
+      r.total = split_sum<kResident, kFiltered>(src, V, r.m, s.temperature, c, sh, r.tau);
+    }
     const int64_t x = is_draft ? ids[k] : -1;
     if (threadIdx.x == 0) {
       bool ok = false;
@@ -1016,17 +1201,19 @@ cudaError_t launch_process_logits_cuda(const ProcessLogitsParams& params, cudaSt
 
 namespace {
 
-// Batches without filter tensors take the split kernel (the filters' threshold search keeps one
-// block per request: rejection_sample_logits_kernel).
-bool split_applies(const LogitsRejectionParams& params) {
-  return params.sampling.top_k == nullptr && params.sampling.top_p == nullptr && params.sampling.min_p == nullptr;
+// Batches with filter tensors take the split kernel's kFiltered variant (the radix select split
+// over the request's blocks, and its histograms in the workspace).
+bool split_filtered(const LogitsRejectionParams& params) {
+  return params.sampling.top_k != nullptr || params.sampling.top_p != nullptr || params.sampling.min_p != nullptr;
 }
 
 // f(kernel, sizeof(T)) for the split kernel of the batch's types (kResident: the resident-row variant).
 template <bool kResident, typename F>
 cudaError_t with_split_kernel(const LogitsRejectionParams& params, F&& f) {
   auto pick = [&](auto t, auto q) {
-    return f(rejection_sample_logits_split_kernel<decltype(t), decltype(q), kResident>, sizeof(t));
+    if (split_filtered(params))
+      return f(rejection_sample_logits_split_kernel<decltype(t), decltype(q), kResident, true>, sizeof(t));
+    return f(rejection_sample_logits_split_kernel<decltype(t), decltype(q), kResident, false>, sizeof(t));
   };
   switch (params.dtype) {
     case ProbDType::kFloat32: return pick(float{}, float{});
@@ -1044,7 +1231,7 @@ LogitsSplit split_layout_for(const LogitsRejectionParams& params) {
   const int vthreads = cuda::threads_for_vocab(params.vocab);
   int64_t resident = 0;
   int device = 0, sms = 0, cooperative = 0, per_sm = 0;
-  if (split_applies(params) && params.batch > 0 &&
+  if (params.batch > 0 &&
       cudaGetDevice(&device) == cudaSuccess &&
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
       cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) == cudaSuccess && cooperative &&
@@ -1098,7 +1285,9 @@ size_t split_share_bytes_for(const LogitsRejectionParams& params, const LogitsSp
 
 size_t rejection_sample_logits_cuda_workspace_bytes(const LogitsRejectionParams& params) {
   const LogitsSplit layout = split_layout_for(params);
-  return layout.parts > 1 ? static_cast<size_t>(split_workspace_bytes(params.batch, layout.parts)) : 0;
+  return layout.parts > 1
+             ? static_cast<size_t>(split_workspace_bytes(params.batch, layout.parts, split_filtered(params)))
+             : 0;
 }
 
 cudaError_t launch_rejection_sample_logits_cuda(const LogitsRejectionParams& params, cudaStream_t stream) {

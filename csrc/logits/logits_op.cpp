@@ -225,7 +225,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_chain(
   } else {
 #ifdef SPECDEC_WITH_CUDA
     const c10::cuda::CUDAGuard guard(target.device());
-    // Per-call partials and arrival counters of the split kernel (batches without filters).
+    // Per-call partials and arrival counters of the split kernel (with filters also its radix histograms).
     const size_t bytes = rejection_sample_logits_cuda_workspace_bytes(p);
     at::Tensor workspace;
     if (bytes > 0) {

@@ -1,5 +1,5 @@
 // How the CUDA chain kernel from logits (logits_kernels.cu) splits a request's vocab-wide
-// passes over rows without filters across several thread blocks, as host/device functions so
+// passes across several thread blocks, as host/device functions so
 // that tests/cpp/test_logits.cpp can replay the split against the single-block kernel.
 // Plain C++17: no torch headers, compiles under g++ and nvcc.
 //
@@ -16,12 +16,16 @@
 // per-call workspace and the final tree runs over them. So S rounds bit for bit as before.
 // The max/argmax and the race need no such care: an argmax (first index on ties) and a race
 // merge exactly over any partition of the row (csrc/common/vocab_split.h); those passes
-// give each block a contiguous range of Philox groups (vocab_part).
+// give each block a contiguous range of Philox groups (vocab_part). Rows with filters (top-k,
+// top-p, min-p) find their threshold by the single-block kernel's radix select, each pass's
+// histogram added up by all the request's blocks (split_hist_offset); the kept mass then sums
+// in the virtual-thread order above, over the kept entries only.
 #pragma once
 
 #include <cstdint>
 
 #include "../common/macros.h"
+#include "logits_math.h"
 
 namespace specdec {
 
@@ -94,8 +98,35 @@ SPECDEC_HD int64_t split_counter_bytes(int64_t batch) { return (batch * 4 + 15) 
 SPECDEC_HD int64_t split_buffer_bytes(int64_t parts) {
   return (4 * 32 + parts * static_cast<int64_t>(sizeof(SplitPartial)) + 15) / 16 * 16;
 }
-SPECDEC_HD int64_t split_workspace_bytes(int64_t batch, int64_t parts) {
-  return split_counter_bytes(batch) + batch * 2 * split_buffer_bytes(parts);
+// Rows with filters (the radix select, logits_math.h): per request three histograms used in turn,
+// each 256 counts (uint32) then 256 masses (uint64, fixed point: 2^-40 units), every block of the
+// request adding its own into them (global atomics; integer sums: the same in any order). Histogram n of the walk (n = 0, 1, ...) uses buffer n % 3; the
+// request's block 0 zeroes buffer 0 before the first barrier and buffer (n + 1) % 3 during pass n,
+// which no block reads any more (its last readers read it before pass n - 1's barrier) and none
+// adds into before pass n's barrier.
+// Fixed-point masses of the split radix select: e = exp(z) in [0, 1] in units of 2^-40, exact for
+// every e >= 2^-16 (its float ulp is >= 2^-40), below that truncated by < 2^-40 each, so a row's
+// fixed-point mass is within V * 2^-40 (< 2^-22 at V = 128256) of the exact sum of its floats, which
+// is >= 1: well inside top-p's relative slack (kTopPSlack, 2^-20). <= 2^40 an entry, < 2^58 a row.
+SPECDEC_HD unsigned long long split_fixed_mass(float e) {
+  return static_cast<unsigned long long>(e * 1099511627776.f);  // 2^40
+}
+// Top-p's target on the fixed-point candidates' mass `total` (logits_math.h: top_p * total * (1 - slack)).
+SPECDEC_HD unsigned long long split_mass_target(float top_p, unsigned long long total) {
+  return static_cast<unsigned long long>(static_cast<double>(top_p) * static_cast<double>(total) *
+                                         (1.0 - static_cast<double>(kTopPSlack)));
+}
+constexpr int kSplitHistBins = 256;  // logits_math.h kRadixBins
+constexpr int kSplitHistBuffers = 3;
+SPECDEC_HD int64_t split_hist_bytes() { return kSplitHistBins * (4 + 8); }
+SPECDEC_HD int64_t split_workspace_bytes(int64_t batch, int64_t parts, bool filtered = false) {
+  return split_counter_bytes(batch) + batch * 2 * split_buffer_bytes(parts) +
+         (filtered ? batch * kSplitHistBuffers * split_hist_bytes() : 0);
+}
+// Offset of request b's histogram buffer `n` (0..2) in the workspace.
+SPECDEC_HD int64_t split_hist_offset(int64_t batch, int64_t parts, int64_t b, int n) {
+  return split_counter_bytes(batch) + batch * 2 * split_buffer_bytes(parts) +
+         (b * kSplitHistBuffers + n) * split_hist_bytes();
 }
 
 }  // namespace specdec

@@ -405,6 +405,117 @@ static void test_split_chain_kernel_replays_single_block() {
   CHECK(logits_split_for(64, 8, 528).threads == 64 && logits_split_for(64, 8, 528).parts == 1);
 }
 
+// The split radix select of rows with filters (logits_kernels.cu split_radix_select), replayed: every
+// block histograms the candidates of its share (split_share_entry), counts and fixed-point masses
+// (split_fixed_mass) are added up over the blocks, and the digits are picked from the sums; against the
+// CPU kernel's selection in double precision (logits_cpu.cpp select_top_k / select_top_p).
+static uint32_t split_select(const std::vector<float>& z, const LogitsSplit& l, bool by_mass, float goal,
+                             uint32_t floor_key) {
+  const int64_t V = static_cast<int64_t>(z.size());
+  uint32_t prefix = 0;
+  int64_t remaining = static_cast<int64_t>(goal);
+  unsigned long long above = 0, target = 0;
+  for (int pass = 0; pass < kRadixPasses; ++pass) {
+    unsigned counts[kRadixBins] = {};
+    unsigned long long mass[kRadixBins] = {};
+    for (int64_t part = l.parts - 1; part >= 0; --part) {  // blocks add in any order
+      unsigned c[kRadixBins] = {};
+      unsigned long long m[kRadixBins] = {};
+      for (int64_t e = 0; e < split_share_entries(l, V); ++e) {
+        const int64_t i = split_share_entry(l, part, e);
+        if (i >= V) continue;
+        const uint32_t key = order_key(z[static_cast<size_t>(i)]);
+        if (key < floor_key || !radix_match(key, prefix, pass)) continue;
+        c[radix_digit(key, pass)]++;
+        m[radix_digit(key, pass)] += split_fixed_mass(std::exp(z[static_cast<size_t>(i)]));
+      }
+      for (int d = 0; d < kRadixBins; ++d) {
+        counts[d] += c[d];
+        mass[d] += m[d];
+      }
+    }
+    uint32_t d;
+    if (by_mass) {
+      if (pass == 0) {
+        unsigned long long total = 0;
+        for (int j = 0; j < kRadixBins; ++j) total += mass[j];
+        target = split_mass_target(goal, total);
+      }
+      d = radix_pick_mass(counts, mass, target, above);
+    } else {
+      d = radix_pick_count(counts, remaining);
+    }
+    prefix |= d << (32 - kRadixBits * (pass + 1));
+  }
+  return prefix;
+}
+
+// The CPU kernel's top-p threshold: double masses, the same slack.
+static uint32_t cpu_select_mass(const std::vector<float>& z, float top_p, uint32_t floor_key) {
+  double total = 0;
+  for (float v : z)
+    if (order_key(v) >= floor_key) total += std::exp(v);
+  const double target = static_cast<double>(top_p) * total * (1.0 - kTopPSlack);
+  uint32_t prefix = 0;
+  double above = 0;
+  for (int pass = 0; pass < kRadixPasses; ++pass) {
+    int64_t counts[kRadixBins] = {};
+    double mass[kRadixBins] = {};
+    for (float v : z) {
+      const uint32_t key = order_key(v);
+      if (key < floor_key || !radix_match(key, prefix, pass)) continue;
+      counts[radix_digit(key, pass)]++;
+      mass[radix_digit(key, pass)] += std::exp(v);
+    }
+    prefix |= radix_pick_mass(counts, mass, target, above) << (32 - kRadixBits * (pass + 1));
+  }
+  return prefix;
+}
+
+static void test_split_radix_select_matches_the_cpu_selection() {
+  std::mt19937 gen(21);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  const int64_t vocabs[] = {128256, 32000, 5000, 1025, 700};
+  int checked = 0, fixed_point_inexact = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t V = vocabs[trial % 5];
+    std::vector<float> z(static_cast<size_t>(V));
+    const float scale = trial % 3 == 0 ? 8.f : (trial % 3 == 1 ? 2.f : 0.25f);
+    for (auto& v : z) v = trial % 4 == 3 ? -0.25f * std::floor(unit(gen) * 40.f)  // many ties
+                                         : scale * normal(gen);
+    const float m = *std::max_element(z.begin(), z.end());
+    for (auto& v : z) v -= m;  // z <= 0, max 0: as the kernels scale it
+    for (float v : z) fixed_point_inexact += std::exp(v) < 1.52587890625e-05f;  // 2^-16: truncated
+    const LogitsSplit l = logits_split_for(vthreads_for(V), 64, 132 * 4);
+    for (const float top_p : {0.05f, 0.5f, 0.9f, 0.99f}) {
+      CHECK(split_select(z, l, true, top_p, 0u) == cpu_select_mass(z, top_p, 0u));
+      ++checked;
+    }
+    for (const int64_t k : {int64_t{1}, int64_t{50}, V / 3}) {
+      const uint32_t tau_k = split_select(z, l, false, static_cast<float>(k), 0u);
+      std::vector<float> sorted = z;
+      std::sort(sorted.begin(), sorted.end(), [](float a, float b) { return a > b; });
+      CHECK(tau_k == order_key(sorted[static_cast<size_t>(k - 1)]));
+      CHECK(split_select(z, l, true, 0.9f, tau_k) == cpu_select_mass(z, 0.9f, tau_k));  // top-p above top-k
+      ++checked;
+    }
+  }
+  CHECK(checked == 40 * 7);
+  CHECK(fixed_point_inexact > 100000);  // rows with entries below 2^-16 (their masses truncated) were tested
+  // Masses that meet top_p exactly (0.5 + 0.3 of 1 with top_p 0.8) keep exactly those: no rounding drops one.
+  const std::vector<float> exact = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  std::vector<float> zs(exact);
+  const float mx = *std::max_element(zs.begin(), zs.end());
+  for (auto& v : zs) v -= mx;
+  std::vector<float> padded(1025, -INFINITY);
+  std::copy(zs.begin(), zs.end(), padded.begin() + 600);
+  const LogitsSplit l = logits_split_for(vthreads_for(1025), 8, 528);
+  CHECK(l.parts > 1);
+  CHECK(split_select(padded, l, true, 0.8f, 0u) == cpu_select_mass(padded, 0.8f, 0u));
+  CHECK(split_select(padded, l, true, 0.8f, 0u) == order_key(zs[1]));
+}
+
 int main() {
   test_logit_value_sanitizes();
   test_order_key_preserves_order();
@@ -416,5 +527,6 @@ int main() {
   test_request_rows_without_bonus_rows();
   test_engine_keyword_helpers();
   test_split_chain_kernel_replays_single_block();
+  test_split_radix_select_matches_the_cpu_selection();
   TEST_MAIN_END();
 }
