@@ -116,6 +116,29 @@ __device__ __forceinline__ float load_logit(const T* row, int64_t i) {
   return logit_value(to_float(row[i]));
 }
 
+// Thread 0's step of a radix select: the digit of pass `pass` from the histogram in `st` (counts,
+// mass; target, above, remaining, prefix carried between passes), appended to `prefix` in st.prefix.
+// By mass, pass 0 sets the target from the candidates' mass: target_of(sum of the bins, in bin order).
+template <bool kByMass, typename State, typename TargetOf>
+__device__ __forceinline__ void radix_pick_step(State& st, uint32_t prefix, int pass, TargetOf target_of) {
+  uint32_t d;
+  if (kByMass) {
+    if (pass == 0) {
+      decltype(st.target) total = 0;
+      for (int j = 0; j < kRadixBins; ++j) total += st.mass[j];
+      st.target = target_of(total);
+    }
+    decltype(st.above) above = st.above;
+    d = radix_pick_mass(st.counts, st.mass, st.target, above);
+    st.above = above;
+  } else {
+    int64_t remaining = st.remaining;
+    d = radix_pick_count(st.counts, remaining);
+    st.remaining = remaining;
+  }
+  st.prefix = prefix | (d << (32 - kRadixBits * (pass + 1)));
+}
+
 // Radix select over the keys >= floor_key of a row: by count, the key of the goal-th
 // largest; by mass, the largest key v whose candidates at or above it reach `goal` times
 // their total mass (top_p). Thread 0 picks each digit (radix_pick_count / _mass).
@@ -143,24 +166,8 @@ __device__ uint32_t radix_select(const T* row, int64_t vocab, float m, float tem
       if (kByMass) atomicAdd(&sh.mass[d], exp_f(z));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      uint32_t d;
-      if (kByMass) {
-        if (pass == 0) {
-          float total = 0.f;
-          for (int j = 0; j < kRadixBins; ++j) total += sh.mass[j];
-          sh.target = goal * total * (1.f - kTopPSlack);
-        }
-        float above = sh.above;
-        d = radix_pick_mass(sh.counts, sh.mass, sh.target, above);
-        sh.above = above;
-      } else {
-        int64_t remaining = sh.remaining;
-        d = radix_pick_count(sh.counts, remaining);
-        sh.remaining = remaining;
-      }
-      sh.prefix = prefix | (d << (32 - kRadixBits * (pass + 1)));
-    }
+    if (threadIdx.x == 0)
+      radix_pick_step<kByMass>(sh, prefix, pass, [&](float total) { return goal * total * (1.f - kTopPSlack); });
     __syncthreads();
   }
   const uint32_t result = sh.prefix;
@@ -867,24 +874,9 @@ __device__ uint32_t split_radix_select(const T* src, int64_t V, float m, float t
       rs.mass[d] = kByMass ? __ldcg(mass + d) : 0ull;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      uint32_t d;
-      if (kByMass) {
-        if (pass == 0) {
-          unsigned long long total = 0ull;
-          for (int j = 0; j < kRadixBins; ++j) total += rs.mass[j];
-          rs.target = split_mass_target(goal, total);
-        }
-        unsigned long long above = rs.above;
-        d = radix_pick_mass(rs.counts, rs.mass, rs.target, above);
-        rs.above = above;
-      } else {
-        int64_t remaining = rs.remaining;
-        d = radix_pick_count(rs.counts, remaining);
-        rs.remaining = remaining;
-      }
-      rs.prefix = prefix | (d << (32 - kRadixBits * (pass + 1)));
-    }
+    if (threadIdx.x == 0)
+      radix_pick_step<kByMass>(rs, prefix, pass,
+                               [&](unsigned long long total) { return split_mass_target(goal, total); });
     __syncthreads();
   }
   const uint32_t result = rs.prefix;

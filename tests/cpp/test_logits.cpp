@@ -70,10 +70,13 @@ static uint32_t select_kth(const std::vector<float>& z, int64_t k) {
   return prefix;
 }
 
-static uint32_t select_mass(const std::vector<float>& z, double top_p) {
+// Top-p's radix select in double precision (the CPU kernel's, logits_cpu.cpp select_top_p, with
+// slack = kTopPSlack) over the keys >= floor_key.
+static uint32_t select_mass(const std::vector<float>& z, double top_p, double slack = 0.0, uint32_t floor_key = 0u) {
   double total = 0;
-  for (float v : z) total += std::exp(v);
-  const double target = top_p * total;
+  for (float v : z)
+    if (order_key(v) >= floor_key) total += std::exp(v);
+  const double target = top_p * total * (1.0 - slack);
   uint32_t prefix = 0;
   double above = 0;
   for (int pass = 0; pass < kRadixPasses; ++pass) {
@@ -81,7 +84,7 @@ static uint32_t select_mass(const std::vector<float>& z, double top_p) {
     double mass[kRadixBins] = {};
     for (float v : z) {
       const uint32_t key = order_key(v);
-      if (!radix_match(key, prefix, pass)) continue;
+      if (key < floor_key || !radix_match(key, prefix, pass)) continue;
       counts[radix_digit(key, pass)]++;
       mass[radix_digit(key, pass)] += std::exp(v);
     }
@@ -452,24 +455,7 @@ static uint32_t split_select(const std::vector<float>& z, const LogitsSplit& l, 
 
 // The CPU kernel's top-p threshold: double masses, the same slack.
 static uint32_t cpu_select_mass(const std::vector<float>& z, float top_p, uint32_t floor_key) {
-  double total = 0;
-  for (float v : z)
-    if (order_key(v) >= floor_key) total += std::exp(v);
-  const double target = static_cast<double>(top_p) * total * (1.0 - kTopPSlack);
-  uint32_t prefix = 0;
-  double above = 0;
-  for (int pass = 0; pass < kRadixPasses; ++pass) {
-    int64_t counts[kRadixBins] = {};
-    double mass[kRadixBins] = {};
-    for (float v : z) {
-      const uint32_t key = order_key(v);
-      if (key < floor_key || !radix_match(key, prefix, pass)) continue;
-      counts[radix_digit(key, pass)]++;
-      mass[radix_digit(key, pass)] += std::exp(v);
-    }
-    prefix |= radix_pick_mass(counts, mass, target, above) << (32 - kRadixBits * (pass + 1));
-  }
-  return prefix;
+  return select_mass(z, static_cast<double>(top_p), static_cast<double>(kTopPSlack), floor_key);
 }
 
 static void test_split_radix_select_matches_the_cpu_selection() {
