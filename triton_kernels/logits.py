@@ -252,6 +252,23 @@ def process_logits_kernel(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min
         tl.store(probs_ptr + j * vocab + idx, prob, mask=inside)
 
 
+@triton.jit
+def chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED: tl.constexpr):
+    """(n, target_base, draft_base) of request b: its draft count clamped into [0, max_draft] (packed: its
+    cu_num_draft_tokens range clamped into the rows), where its target rows and its draft tokens start."""
+    if PACKED:
+        lo = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), num_draft_rows)
+        hi = tl.minimum(tl.maximum(tl.load(lengths_ptr + b + 1), lo), num_draft_rows)
+        n = tl.minimum(hi - lo, max_draft)
+        target_base = lo + b * bonus_rows
+        draft_base = lo
+    else:
+        n = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), max_draft)
+        target_base = b * (max_draft + bonus_rows)
+        draft_base = b * max_draft
+    return n, target_base, draft_base
+
+
 @triton.jit(do_not_specialize=["num_draft_rows"])
 def rejection_sample_logits_kernel(
     logits_ptr,          # [rows, V] raw logits
@@ -276,16 +293,7 @@ def rejection_sample_logits_kernel(
     HAS_BONUS emits bonus_ptr[b] (clamped into [0, V)) after a fully accepted chain without reading a
     bonus row (its logprob stays NaN); HAS_RATES accepts a valid draft k iff u_k < rates[k]."""
     b = tl.program_id(0).to(tl.int64)
-    if PACKED:
-        lo = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), num_draft_rows)
-        hi = tl.minimum(tl.maximum(tl.load(lengths_ptr + b + 1), lo), num_draft_rows)
-        n = tl.minimum(hi - lo, max_draft)
-        target_base = lo + b * bonus_rows
-        draft_base = lo
-    else:
-        n = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), max_draft)
-        target_base = b * (max_draft + bonus_rows)
-        draft_base = b * max_draft
+    n, target_base, draft_base = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
     seed = tl.load(seeds_ptr + b)
     offset = tl.load(offsets_ptr + b)
     t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
@@ -540,22 +548,6 @@ def tree_rejection_sample_logits_kernel(
 # Every row up to the request's last draft (and its bonus row) is read once, also after an early rejection:
 # the price of having no barrier between the rows of a walk.
 # ------------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED: tl.constexpr):
-    """(n, target_base, draft_base) of request b, clamped as in rejection_sample_logits_kernel."""
-    if PACKED:
-        lo = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), num_draft_rows)
-        hi = tl.minimum(tl.maximum(tl.load(lengths_ptr + b + 1), lo), num_draft_rows)
-        n = tl.minimum(hi - lo, max_draft)
-        target_base = lo + b * bonus_rows
-        draft_base = lo
-    else:
-        n = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), max_draft)
-        target_base = b * (max_draft + bonus_rows)
-        draft_base = b * max_draft
-    return n, target_base, draft_base
 
 
 @triton.jit(do_not_specialize=["num_draft_rows"])

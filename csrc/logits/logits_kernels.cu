@@ -221,6 +221,20 @@ __device__ float token_logprob(const T* row, int64_t vocab, int64_t token, const
   return processed_logprob(z, order_key(z), r.tau, log_f(r.total));
 }
 
+// One entry i (logit x, random bits `bits`) of the exponential races over p and, `residual`, over
+// max(p - q, 0) (q_row null: one-hot at `draft`).
+template <typename Q>
+__device__ __forceinline__ void race_entry(ArgMax& best_p, ArgMax& best_r, float x, int64_t i, uint32_t bits,
+                                           const RowStats& r, float temperature, const Q* q_row, int64_t draft,
+                                           bool residual) {
+  const float p = stats_prob(x, r, temperature);
+  race_update(best_p, p, bits, i);
+  if (residual) {
+    const float q = q_row != nullptr ? to_float(q_row[i]) : (i == draft ? 1.f : 0.f);
+    race_update(best_r, residual_mass(p, q), bits, i);
+  }
+}
+
 // Exponential race over p (bonus) or max(p - q, 0) (residual; q_row null: one-hot at
 // `draft`), falling back to p when the residual is empty.
 template <typename T, typename Q>
@@ -235,12 +249,7 @@ __device__ int64_t row_race(const T* row, const Q* q_row, int64_t draft, bool re
     for (int j = 0; j < 4; ++j) {
       const int64_t i = 4 * g + j;
       if (i >= vocab) break;
-      const float p = stats_prob(load_logit(row, i), r, temperature);
-      race_update(best_p, p, bits.x[j], i);
-      if (residual) {
-        const float q = q_row != nullptr ? to_float(q_row[i]) : (i == draft ? 1.f : 0.f);
-        race_update(best_r, residual_mass(p, q), bits.x[j], i);
-      }
+      race_entry(best_p, best_r, load_logit(row, i), i, bits.x[j], r, temperature, q_row, draft, residual);
     }
   }
   const ArgMax p_win = cuda::block_argmax(best_p, sh.argmax);
@@ -484,6 +493,19 @@ __device__ __forceinline__ int64_t share_entry(int e, int shift, int64_t vthread
   return static_cast<int64_t>(e >> shift) * vthreads + base + (e & ((1 << shift) - 1));
 }
 
+// The end of a race pass: this block's winners merged over the request's blocks; the residual's,
+// unless the residual had no mass (then p's).
+__device__ __forceinline__ int64_t split_race_winner(ArgMax best_p, ArgMax best_r, bool residual, SplitCtx& c,
+                                                     float* buf, SplitShared& sh) {
+  best_p = split_block_argmax(best_p, argmax_init(), sh);
+  best_r = split_block_argmax(best_r, argmax_init(), sh);
+  split_exchange(c, buf, best_p, best_r, argmax_init(), sh);
+  const ArgMax p_win = sh.a, r_win = sh.b;
+  __syncthreads();
+  if (!residual) return p_win.index;
+  return r_win.score > 0.f ? r_win.index : p_win.index;
+}
+
 // Pass: copy the share into `share` and take its max and first argmax. A thread visits its
 // positions, and so its entries, in increasing order, so a tie never replaces its best; a thread
 // whose entries are all -inf (or NaN) reports its first one, as split_max_sweep.
@@ -642,21 +664,10 @@ __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_r
     for (int j = 0; j < 4; ++j) {
       const int64_t i = i0 + j;
       if (i >= V) break;
-      const float p = stats_prob(logit_value(x[j]), r, temperature);
-      race_update(best_p, p, bits.x[j], i);
-      if (residual) {
-        const float qv = q_row != nullptr ? to_float(q_row[i]) : (i == draft ? 1.f : 0.f);
-        race_update(best_r, residual_mass(p, qv), bits.x[j], i);
-      }
+      race_entry(best_p, best_r, logit_value(x[j]), i, bits.x[j], r, temperature, q_row, draft, residual);
     }
   }
-  best_p = split_block_argmax(best_p, argmax_init(), sh);
-  best_r = split_block_argmax(best_r, argmax_init(), sh);
-  split_exchange(c, buf, best_p, best_r, argmax_init(), sh);
-  const ArgMax p_win = sh.a, r_win = sh.b;
-  __syncthreads();
-  if (!residual) return p_win.index;
-  return r_win.score > 0.f ? r_win.index : p_win.index;
+  return split_race_winner(best_p, best_r, residual, c, buf, sh);
 }
 
 // Pass: sum of exp((x - m) / T) over the row, rounded as the single-block kernel's block_sum
@@ -737,21 +748,10 @@ __device__ __forceinline__ int64_t split_race(const T* row, const Q* q_row, int6
     for (int j = 0; j < 4; ++j) {
       const int64_t i = 4 * g + j;
       if (i >= V) break;
-      const float p = stats_prob(load_logit(row, i), r, temperature);
-      race_update(best_p, p, bits.x[j], i);
-      if (residual) {
-        const float q = q_row != nullptr ? to_float(q_row[i]) : (i == draft ? 1.f : 0.f);
-        race_update(best_r, residual_mass(p, q), bits.x[j], i);
-      }
+      race_entry(best_p, best_r, load_logit(row, i), i, bits.x[j], r, temperature, q_row, draft, residual);
     }
   }
-  best_p = split_block_argmax(best_p, argmax_init(), sh);
-  best_r = split_block_argmax(best_r, argmax_init(), sh);
-  split_exchange(c, buf, best_p, best_r, argmax_init(), sh);
-  const ArgMax p_win = sh.a, r_win = sh.b;
-  __syncthreads();
-  if (!residual) return p_win.index;
-  return r_win.score > 0.f ? r_win.index : p_win.index;
+  return split_race_winner(best_p, best_r, residual, c, buf, sh);
 }
 
 // ---- Rows with filters: radix_select (above) with each pass's histogram split over the request's
