@@ -253,6 +253,23 @@ def process_logits_kernel(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min
 
 
 @triton.jit
+def write_chain_outputs(token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, draft_ids_ptr, b, n, k, final, lps,
+                        js, draft_base, max_draft, vocab, LOGPROBS: tl.constexpr, HAS_BONUS: tl.constexpr):
+    """Request b's outputs: its k accepted drafts, then `final` (HAS_BONUS: bonus_ptr[b], clamped into [0, V),
+    after a fully accepted chain, k == n: the bonus row is never entered and its logprob stays NaN), -1 after;
+    num_accepted = k; the logprobs."""
+    if HAS_BONUS:
+        bonus = tl.minimum(tl.maximum(tl.load(bonus_ptr + b), 0), vocab - 1)
+        final = tl.where(k == n, bonus, final)
+    kept = tl.load(draft_ids_ptr + draft_base + js, mask=js < k, other=-1)
+    out = tl.where(js < k, kept, tl.where(js == k, final, -1))
+    tl.store(token_ids_ptr + b * (max_draft + 1) + js, out, mask=js <= max_draft)
+    tl.store(num_accepted_ptr + b, k.to(tl.int32))
+    if LOGPROBS:
+        tl.store(logprobs_ptr + b * (max_draft + 1) + js, lps, mask=js <= max_draft)
+
+
+@triton.jit
 def chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED: tl.constexpr):
     """(n, target_base, draft_base) of request b: its draft count clamped into [0, max_draft] (packed: its
     cu_num_draft_tokens range clamped into the rows), where its target rows and its draft tokens start."""
@@ -350,16 +367,8 @@ def rejection_sample_logits_kernel(
         else:
             final = token
             searching = 0
-    if HAS_BONUS:
-        # k == n only after a fully accepted chain (the bonus row is never entered); logprob NaN
-        bonus = tl.minimum(tl.maximum(tl.load(bonus_ptr + b), 0), vocab - 1)
-        final = tl.where(k == n, bonus, final)
-    kept = tl.load(draft_ids_ptr + draft_base + js, mask=js < k, other=-1)
-    out = tl.where(js < k, kept, tl.where(js == k, final, -1))
-    tl.store(token_ids_ptr + b * (max_draft + 1) + js, out, mask=js <= max_draft)
-    tl.store(num_accepted_ptr + b, k.to(tl.int32))
-    if LOGPROBS:
-        tl.store(logprobs_ptr + b * (max_draft + 1) + js, lps, mask=js <= max_draft)
+    write_chain_outputs(token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, draft_ids_ptr, b, n, k, final,
+                        lps, js, draft_base, max_draft, vocab, LOGPROBS, HAS_BONUS)
 
 
 @triton.jit
@@ -780,13 +789,5 @@ def chain_walk_race_kernel(
                 f_logit = logit_value(tl.load(row_ptr + final).to(tl.float32))
                 lps = tl.where(js == k, combined_logprob(f_logit, m, t, total), lps)
     if writer:
-        if HAS_BONUS:
-            # k == n only after a fully accepted chain (the bonus row is never entered); logprob NaN
-            bonus = tl.minimum(tl.maximum(tl.load(bonus_ptr + b), 0), vocab - 1)
-            final = tl.where(k == n, bonus, final)
-        kept = tl.load(draft_ids_ptr + draft_base + js, mask=js < k, other=-1)
-        out = tl.where(js < k, kept, tl.where(js == k, final, -1))
-        tl.store(token_ids_ptr + b * (max_draft + 1) + js, out, mask=js <= max_draft)
-        tl.store(num_accepted_ptr + b, k.to(tl.int32))
-        if LOGPROBS:
-            tl.store(logprobs_ptr + b * (max_draft + 1) + js, lps, mask=js <= max_draft)
+        write_chain_outputs(token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, draft_ids_ptr, b, n, k, final,
+                            lps, js, draft_base, max_draft, vocab, LOGPROBS, HAS_BONUS)

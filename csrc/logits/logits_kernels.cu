@@ -858,8 +858,10 @@ __device__ uint32_t split_radix_select(const T* src, int64_t V, float m, float t
     }
     __syncthreads();
     const uint32_t prefix = rs.prefix;
-    if (temperature == 1.f) split_radix_sweep<kByMass, kShare, true>(src, V, m, temperature, floor_key, prefix, pass, c, rs);
-    else split_radix_sweep<kByMass, kShare, false>(src, V, m, temperature, floor_key, prefix, pass, c, rs);
+    if (temperature == 1.f)
+      split_radix_sweep<kByMass, kShare, true>(src, V, m, temperature, floor_key, prefix, pass, c, rs);
+    else
+      split_radix_sweep<kByMass, kShare, false>(src, V, m, temperature, floor_key, prefix, pass, c, rs);
     __syncthreads();
     for (int d = threadIdx.x; d < kRadixBins; d += blockDim.x) {
       const unsigned k = rs.counts[d];
