@@ -131,6 +131,7 @@ def _sector_reads(n):
 # The Triton chain kernel's split (specdec_ops/rejection.py _launch_triton): BLOCK-entry tiles, programs per SM.
 REJECTION_TRITON_BLOCK = 1024
 REJECTION_TRITON_PROGRAMS_PER_SM = 5
+REJECTION_TRITON_MAXNREG = 96  # the launcher's register cap (ptxas .maxnreg)
 REJECTION_TRITON_MAX_PARTS = 256
 
 
@@ -186,7 +187,7 @@ def rejection_cases():
                                                       vocab=V, BLOCK_K=8, BLOCK=REJECTION_TRITON_BLOCK,
                                                       PARTS_BLOCK=min(128, REJECTION_TRITON_MAX_PARTS),
                                                       WHILE_LOOPS=False),
-                                      num_warps=4),
+                                      num_warps=4, maxnreg=REJECTION_TRITON_MAXNREG),
                           grid=lambda res, parts=parts, batch=batch: (batch * parts, parts),
                           measure=_measure_rejection(batch, has_q, greedy, "triton")))
     return cases

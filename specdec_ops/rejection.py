@@ -281,8 +281,10 @@ def _fake_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs
 
 # Programs per SM the split chain kernel is sized for, as csrc/common/vocab_split.h vocab_parts_for sizes the
 # CUDA kernel: parts per request so that the batch fills the device in one wave. 4 warps each at <= 96
-# registers (the sm_90 build of every variant: 72-90) keep 5 resident per SM.
+# registers keep 5 resident per SM. The launcher caps them there (ptxas .maxnreg): with the exact block size
+# (.reqntid) alone, ptxas trades registers for occupancy and spills (7 per SM at 72 registers).
 _TRITON_PROGRAMS_PER_SM = 5
+_TRITON_MAXNREG = 96
 _TRITON_MAX_PARTS = 256  # merge width bound (PARTS_BLOCK)
 
 
@@ -356,6 +358,7 @@ def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, o
         BLOCK_K=next_pow2(max_draft + 1), BLOCK=block,
         PARTS_BLOCK=next_pow2(min(tiles, _TRITON_MAX_PARTS)),
         WHILE_LOOPS=_interpreter_needs_while_loops() if while_loops is None else while_loops,
+        num_warps=4, maxnreg=_TRITON_MAXNREG,
     )
     return token_ids, num_accepted
 

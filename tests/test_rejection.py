@@ -865,6 +865,38 @@ def test_split_triton_matches_cpu_op(parts, draft_probs):
         assert_same(split_call(args, parts, greedy, block=4), want)  # 25 tiles of 4: 3 parts of 9, 9, 7
 
 
+@needs_triton
+@pytest.mark.parametrize("parts", [1, 3])
+def test_split_race_skips_no_possible_winner(parts):
+    # The race keeps one running best across tiles and skips the log of entries that provably cannot beat it
+    # (race_tile_update). Rows whose winners come late or early, or are decided by the noise alone, raced in
+    # tiles of 4 (25 tiles, 3 parts of 9, 9, 7): a skip test that drops a possible winner, or a tie that moves
+    # the winner to a later tile, changes a token. Each request rejects its one-hot draft at row 0 (p(x) = 0):
+    # the correction is the race over p without x. All-zero rows race over p without mass: the first index.
+    batch, vocab = 48, SPLIT_VOCAB
+    idx = torch.arange(vocab, dtype=torch.float32)
+    shapes = [torch.full((vocab,), 0.01),                          # equal masses: the noise decides
+              torch.exp(-idx / 10), torch.exp(-(vocab - idx) / 10),  # winners early / late in the row
+              torch.where(idx % 7 == 3, 0.0, 1.0 + (idx % 5)),     # zeros among ties of five masses
+              torch.where(idx >= 90, 1.0, 1e-6),                   # everything in the last tiles
+              torch.zeros(vocab)]                                  # no mass anywhere
+    p = torch.zeros(batch, 2, vocab)
+    ids = torch.zeros(batch, 1, dtype=torch.int64)
+    for b in range(batch):
+        row = shapes[b % len(shapes)].clone()
+        x = (7 * b) % vocab
+        row[x] = 0.0
+        p[b, 0] = row / row.sum() if row.sum() > 0 else row
+        ids[b, 0] = x
+    args = dict(target_probs=p, draft_token_ids=ids, num_draft_tokens=torch.ones(batch, dtype=torch.int64),
+                draft_probs=None, seeds=torch.arange(batch) * 7919 + 3, offsets=torch.arange(batch) % 3)
+    want = call(args, "reference")
+    assert (want.num_accepted == 0).all() and len(set(want.token_ids[:, 0].tolist())) > 20
+    assert (want.token_ids[5::6, 0] == 0).all()  # the all-zero rows
+    assert_same(split_call(args, parts, block=4), want)
+    assert_same(split_call(args, parts, block=16), want)
+
+
 def _peaked(batch, k, peaks):
     """p one-hot (mass 1) at peaks[b][row]: every race and argmax has one possible winner."""
     p = torch.zeros(batch, k + 1, SPLIT_VOCAB)

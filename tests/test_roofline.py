@@ -209,6 +209,7 @@ def test_rejection_triton_parts_mirror_the_launcher():
     from specdec_ops import rejection
 
     assert roofline.REJECTION_TRITON_PROGRAMS_PER_SM == rejection._TRITON_PROGRAMS_PER_SM
+    assert roofline.REJECTION_TRITON_MAXNREG == rejection._TRITON_MAXNREG
     assert roofline.REJECTION_TRITON_MAX_PARTS == rejection._TRITON_MAX_PARTS
     tiles = -(-roofline.V // roofline.REJECTION_TRITON_BLOCK)
     for batch in (1, 8, 64, 65, 132, 500, 1000):

@@ -16,7 +16,8 @@ chain_walk_race_kernel: see the section at the end of this file).
 import triton
 import triton.language as tl
 
-from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits, philox_tile
+from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile
+from .rejection import race_tile_update
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 RADIX_BITS = tl.constexpr(4)
@@ -194,16 +195,10 @@ def token_logprob(row_ptr, token, vocab, m, argmax, temperature, tau, total, BLO
 
 
 @triton.jit
-def tile_argmax_update(score, idx, best, best_index):
-    tile_best = tl.max(score, 0)
-    tile_index = tl.min(tl.where(score == tile_best, idx, 0x7FFFFFFFFFFFFFFF), 0)
-    better = tile_best > best
-    return tl.where(better, tile_best, best), tl.where(better, tile_index, best_index)
-
-
-@triton.jit
-def race_scores(mass, noise, inside):
-    return tl.where(inside, tl.where(mass > 0, tl.math.div_rn(mass, noise), 0.0), -1.0)
+def race_masses(mass, inside):
+    """A tile's entries for race_tile_update: no mass (0, NaN, negative) is 0 (scores 0), entries past the
+    row are out of the race (-1)."""
+    return tl.where(inside, tl.where(mass > 0, mass, 0.0), -1.0)
 
 
 @triton.jit
@@ -225,11 +220,10 @@ def row_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, tau, to
             q = tl.where(q > 0, q, 0.0)
         else:
             q = tl.where(idx == draft, 1.0, 0.0)
-        noise = tl.where(mass > 0, exp_noise(philox_bits(seed, offset, position, purpose, idx)), 1.0)
+        u = bits_to_uniform(philox_bits(seed, offset, position, purpose, idx))
         diff = mass - q
-        best_p, best_p_index = tile_argmax_update(race_scores(mass, noise, inside), idx, best_p, best_p_index)
-        best_r, best_r_index = tile_argmax_update(race_scores(tl.where(diff > 0, diff, 0.0), noise, inside), idx,
-                                                  best_r, best_r_index)
+        best_p, best_p_index = race_tile_update(race_masses(mass, inside), u, idx, best_p, best_p_index, True)
+        best_r, best_r_index = race_tile_update(race_masses(diff, inside), u, idx, best_r, best_r_index, True)
     return tl.where(residual & (best_r > 0), best_r_index, best_p_index)
 
 
@@ -527,8 +521,8 @@ def tree_rejection_sample_logits_kernel(
                 mass = tree_residual(p, q, zs, js, count)
             else:
                 mass = tl.where(excluded(idx, zeroed, js, count), 0.0, p)
-            noise = tl.where(mass > 0, exp_noise(philox_bits(seed, offset, u, purpose, idx)), 1.0)
-            best, best_index = tile_argmax_update(race_scores(mass, noise, inside), idx, best, best_index)
+            uniform = bits_to_uniform(philox_bits(seed, offset, u, purpose, idx))
+            best, best_index = race_tile_update(race_masses(mass, inside), uniform, idx, best, best_index, True)
         final = best_index
     if LOGPROBS:
         lps = tl.where(js == k, token_logprob(row_ptr, final, vocab, m, argmax, t, tau, total, BLOCK), lps)
@@ -647,10 +641,11 @@ def combined_logprob(x, m, temperature, total):
 def split_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, total, seed, offset, position, purpose,
                lo, LENGTH: tl.constexpr, HAS_T: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
     """(best score, first index) of the exponential race over entries [lo, lo + LENGTH) of a row: over
-    max(p - q, 0) when `residual` (q one-hot at `draft` without HAS_Q), else over p; per-lane running bests,
-    one reduction at the end. p = exp((x - m) / T) / total as entry_prob (T = 1 without HAS_T: no division)."""
-    lane_best = tl.full([BLOCK], -1.0, tl.float32)
-    lane_index = tl.zeros([BLOCK], tl.int32)
+    max(p - q, 0) when `residual` (q one-hot at `draft` without HAS_Q), else over p; one running best across
+    tiles (race_tile_update: entries that cannot win skip the log). p = exp((x - m) / T) / total as
+    entry_prob (T = 1 without HAS_T: no division)."""
+    best = tl.full([], -1.0, tl.float32)
+    best_index = tl.zeros([], tl.int32)
     for start in range(0, LENGTH, BLOCK):
         idx = lo + start + tl.arange(0, BLOCK)
         inside = idx < vocab
@@ -666,13 +661,9 @@ def split_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, total
         else:
             q = tl.where(idx == draft, 1.0, 0.0)
         target = tl.where(residual, mass - q, mass)
-        noise = exp_noise(philox_tile(seed, offset, position, purpose, lo + start, BLOCK))
-        score = tl.where(inside, tl.where(target > 0, tl.math.div_rn(target, noise), 0.0), -1.0)
-        better = score > lane_best
-        lane_index = tl.where(better, idx, lane_index)
-        lane_best = tl.where(better, score, lane_best)
-    best = tl.max(lane_best, 0)
-    return best, tl.min(tl.where(lane_best == best, lane_index, 0x7FFFFFFF), 0)
+        u = bits_to_uniform(philox_tile(seed, offset, position, purpose, lo + start, BLOCK))
+        best, best_index = race_tile_update(race_masses(target, inside), u, idx, best, best_index, True)
+    return best, best_index
 
 
 @triton.jit(do_not_specialize=["num_draft_rows"])

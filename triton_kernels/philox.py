@@ -24,12 +24,13 @@ _W1 = tl.constexpr(0xBB67AE85)
 def philox4x32_10(c0, c1, c2, c3, k0, k1):
     """All arguments uint32 (tensors or scalars); returns the four output words."""
     for _ in tl.static_range(10):
-        prev_c0 = c0
-        prev_c2 = c2
-        c0 = tl.umulhi(prev_c2, _M1) ^ c1 ^ k0
-        c2 = tl.umulhi(prev_c0, _M0) ^ c3 ^ k1
-        c1 = prev_c2 * _M1
-        c3 = prev_c0 * _M0
+        # one 32 x 32 -> 64-bit product per multiplier: both halves from one IMAD.WIDE.U32
+        wide1 = c2.to(tl.uint64) * _M1
+        wide0 = c0.to(tl.uint64) * _M0
+        c0 = (wide1 >> 32).to(tl.uint32) ^ c1 ^ k0
+        c2 = (wide0 >> 32).to(tl.uint32) ^ c3 ^ k1
+        c1 = wide1.to(tl.uint32)
+        c3 = wide0.to(tl.uint32)
         k0 = k0 + _W0
         k1 = k1 + _W1
     return c0, c1, c2, c3

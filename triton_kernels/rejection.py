@@ -17,9 +17,11 @@ argmax over the whole row, since every entry's noise is keyed by its global
 index) and writes the outputs; greedy requests are walked there row by row
 until the first mismatch. A residual without mass (rounding) is rerun there as
 the race over p over the whole row (rare). No program waits for another (the
-interpreter runs programs one after another). Races and argmaxes keep per-lane
-running bests (one tile-wide reduction per slice); one Philox block serves 4
-consecutive entries (philox_tile). `vocab` is specialized (divisible by 16:
+interpreter runs programs one after another). Argmaxes keep per-lane running
+bests (one tile-wide reduction per slice); races keep one running best across
+tiles, so that a tile none of whose entries can still win costs a skip test per
+entry and no log (race_tile_update); one Philox block serves 4 consecutive
+entries (philox_tile). `vocab` is specialized (divisible by 16:
 aligned rows, vectorized loads).
 
 Engine keywords (issue #14), each a constexpr so that a launch without them compiles
@@ -32,7 +34,7 @@ take the argmax of the one row they need).
 import triton
 import triton.language as tl
 
-from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits, philox_tile
+from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile
 
 
 @triton.jit
@@ -100,6 +102,38 @@ def slice_argmax(row_ptr, lo, hi, vocab, BLOCK: tl.constexpr, WHILE_LOOPS: tl.co
 
 
 @triton.jit
+def race_may_win(mass, u, best):
+    """Whether entries (uniforms u) can still beat the race's running best `best` (a scalar): race_update of
+    csrc/common/sampling_math.h, whose race_may_win comment proves that a skipped entry's score is below best.
+    An entry without mass (0) scores 0 and matters only while best <= 0; mass < 0 marks an entry out of the
+    race. int32, nonzero where an entry may win (selects only: a block and a scalar bool combine into no
+    mask in triton 3.9's interpreter)."""
+    skip = (u * best) <= (best - mass) * 0.99998
+    with_mass = tl.where(best > 1e-30, tl.where(skip, 0, 1), 1)
+    return tl.where(mass > 0, with_mass, tl.where(mass == 0, tl.where(best <= 0, 1, 0), 0))
+
+
+@triton.jit
+def race_tile_update(mass, u, idx, best, best_index, noisy):
+    """Fold one tile of a race into its running (best score, first index): scalars, the race so far.
+
+    The common tile has no entry that may still win (race_may_win against the race so far): one skip test
+    per entry, one tile-wide OR, no log. Otherwise the entries that may win score mass / -log(u), rounded to
+    nearest as in the C++ and CUDA kernels (the others cannot win: -1), and a tile argmax follows. Not
+    `noisy`: an argmax of the masses (score = mass). mass < 0: out of the race. Tiles come in increasing
+    index order, so a strictly larger score keeps the first index on ties."""
+    may_win = tl.where(noisy, race_may_win(mass, u, best), tl.where(mass > best, 1, 0))
+    if tl.max(may_win, 0) != 0:
+        score = tl.where(may_win != 0, tl.where(noisy, tl.math.div_rn(mass, -tl.log(u)), mass), -1.0)
+        top = tl.max(score, 0)
+        top_index = tl.min(tl.where(score == top, idx, 0x7FFFFFFF), 0)
+        if top > best:
+            best = top
+            best_index = top_index
+    return best, best_index
+
+
+@triton.jit
 def _race_tile(p_row_ptr, q_row_ptr, q_end, q_at, start, best, best_index, vocab, seed, offset, position, purpose,
                HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
     idx = start + tl.arange(0, BLOCK)
@@ -110,9 +144,8 @@ def _race_tile(p_row_ptr, q_row_ptr, q_end, q_at, start, best, best_index, vocab
     else:
         q = tl.where(idx == q_at, 1.0, 0.0)
     diff = mass - q
-    score = tl.math.div_rn(tl.where(diff > 0, diff, 0.0),
-                           exp_noise(philox_tile(seed, offset, position, purpose, start, BLOCK)))
-    return lane_argmax_update(score, idx, best, best_index)
+    u = bits_to_uniform(philox_tile(seed, offset, position, purpose, start, BLOCK))
+    return race_tile_update(tl.where(diff > 0, diff, 0.0), u, idx, best, best_index, True)
 
 
 @triton.jit
@@ -121,10 +154,12 @@ def race_pass(p_row_ptr, q_row_ptr, draft, use_q, lo, hi, vocab, seed, offset, p
     """Exponential race over max(p - q, 0) if `use_q` (q one-hot at `draft` without HAS_Q), else over p, on
     entries [lo, hi) of the row (lo a multiple of BLOCK): (best score, first index of it), (-1, 0) for an
     empty slice. Scores mass / noise, rounded to nearest as the C++ and CUDA kernels; 0 without mass
-    (0 / noise); entries past the row load 0 and never win (see slice_argmax). The noise of entry i is
-    keyed by i alone (philox_tile at the global `start`), so any slicing gives every entry its score."""
-    best = tl.full([BLOCK], -1.0, tl.float32)
-    best_index = tl.zeros([BLOCK], tl.int32)
+    (0 / noise); entries past the row load 0 and never win (the slice's first entry scores at least 0 with
+    a smaller index). The noise of entry i is keyed by i alone (philox_tile at the global `start`), so any
+    slicing gives every entry its score. Entries that provably cannot beat the race so far skip the log and
+    the division (race_tile_update)."""
+    best = tl.full([], -1.0, tl.float32)
+    best_index = tl.full([], 0, tl.int32)
     q_end = tl.where(use_q, vocab, 0)   # q entries read: [0, q_end)
     # one-hot q: its entry, -1 for none (a draft outside [0, V) has none: int32 then cannot alias an entry)
     q_at = tl.where(use_q & (draft >= 0) & (draft < vocab), draft, -1).to(tl.int32)
@@ -138,7 +173,7 @@ def race_pass(p_row_ptr, q_row_ptr, draft, use_q, lo, hi, vocab, seed, offset, p
         for start in range(lo, hi, BLOCK):
             best, best_index = _race_tile(p_row_ptr, q_row_ptr, q_end, q_at, start, best, best_index, vocab, seed,
                                           offset, position, purpose, HAS_Q, BLOCK)
-    return lanes_argmax(best, best_index)
+    return best, best_index
 
 
 @triton.jit

@@ -40,16 +40,17 @@ PARTS programs of a request, the rest of the walk runs in one of them.
 p' is never materialized: with draft_probs it is recomputed per entry from p_u,
 q_u and the normalizers of the committed updates, kept in a [B, N] workspace;
 without, the zeroed tokens are kept there (see tree_verify_math.h). Divisions use
-div_rn, as the C++ and CUDA kernels do. The race and argmax keep per-lane bests
-(one tile-wide reduction per row), one Philox block serves 4 entries, and `vocab`
-is specialized (aligned rows, vectorized loads).
+div_rn, as the C++ and CUDA kernels do. Races keep one running best across tiles
+(race_tile_update in rejection.py: a tile whose entries provably cannot win costs a
+skip test per entry and no log), one Philox block serves 4 entries, and `vocab` is
+specialized (aligned rows, vectorized loads).
 """
 
 import triton
 import triton.language as tl
 
 from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, exp_noise, philox_bits, philox_tile
-from .rejection import lane_argmax_update, lanes_argmax, prob_mass, row_argmax
+from .rejection import lanes_argmax, prob_mass, race_tile_update, row_argmax
 
 
 @triton.jit
@@ -109,11 +110,11 @@ def final_race(p_row_ptr, q_row_ptr, vocab, z_ptr, zeroed_ptr, m, seed, offset, 
                HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
     """Exponential race over p' at a node: r_m (HAS_Q) or p_u without the m zeroed tokens.
 
-    Per-lane running bests, one tile-wide reduction; one Philox block per 4 entries;
-    scores mass / noise (0 without mass); entries past the row load 0 and never win."""
+    A running best over tiles (race_tile_update: entries that cannot win skip the log); one Philox block
+    per 4 entries; scores mass / noise (0 without mass); entries past the row load 0 and never win."""
     offs = tl.arange(0, BLOCK)
-    best = tl.full([BLOCK], -1.0, tl.float32)
-    best_index = tl.zeros([BLOCK], tl.int32)
+    best = tl.full([], -1.0, tl.float32)
+    best_index = tl.zeros([], tl.int32)
     for start in range(0, vocab, BLOCK):
         idx = start + offs
         inside = idx < vocab
@@ -127,10 +128,9 @@ def final_race(p_row_ptr, q_row_ptr, vocab, z_ptr, zeroed_ptr, m, seed, offset, 
             while j < m:
                 mass = tl.where(idx == tl.load(zeroed_ptr + j), 0.0, mass)
                 j += 1
-        score = tl.math.div_rn(mass, exp_noise(philox_tile(seed, offset, position, purpose, start, BLOCK)))
-        best, best_index = lane_argmax_update(score, idx, best, best_index)
-    _, index = lanes_argmax(best, best_index)
-    return index.to(tl.int64)
+        u = bits_to_uniform(philox_tile(seed, offset, position, purpose, start, BLOCK))
+        best, best_index = race_tile_update(mass, u, idx, best, best_index, True)
+    return best_index.to(tl.int64)
 
 
 @triton.jit
@@ -160,8 +160,14 @@ def split_sum_race(p_row_ptr, q_row_ptr, q_end, kids_ptr, num_kids, lane_sums_pt
         lanes = part * LANES + chunk * CHUNK + tl.arange(0, CHUNK)
         total = tl.zeros([CHUNK], tl.float32)
         counts = tl.zeros([CHUNK], tl.int32)
-        best = tl.full([CHUNK], -1.0, tl.float32)
-        best_index = tl.zeros([CHUNK], tl.int32)
+        racing = lanes >= 0  # lanes in the tile loop's race: without HAS_Q, not those holding an excluded token
+        if not HAS_Q:
+            j = tl.zeros([], tl.int32)
+            while j < num_kids:
+                racing = racing & (lanes != tl.load(kids_ptr + j) % VBLOCK)  # -1 % VBLOCK is no lane
+                j += 1
+        best = tl.full([], -1.0, tl.float32)
+        best_index = tl.zeros([], tl.int32)
         for tile in range(0, vocab, VBLOCK * UNROLL):
             for r in tl.static_range(UNROLL):  # UNROLL consecutive tiles per trip: each lane keeps its order
                 start = tile + r * VBLOCK + part * LANES + chunk * CHUNK  # the lanes' first entry
@@ -174,18 +180,13 @@ def split_sum_race(p_row_ptr, q_row_ptr, q_end, kids_ptr, num_kids, lane_sums_pt
                     mass = prob_mass(p)
                     counts += (mass > 0).to(tl.int32)
                 total += mass
-                noise = tl.where(noisy, exp_noise(philox_tile(seed, offset, position, purpose, start, CHUNK)), 1.0)
-                best, best_index = lane_argmax_update(tl.math.div_rn(mass, noise), idx, best, best_index)
+                u = bits_to_uniform(philox_tile(seed, offset, position, purpose, start, CHUNK))
+                best, best_index = race_tile_update(tl.where(racing, mass, -1.0), u, idx, best, best_index, noisy)
         tl.store(lane_sums_ptr + lanes, total)
         if not HAS_Q:
             count += tl.sum(counts.to(tl.int64), 0)
-            j = tl.zeros([], tl.int32)
-            while j < num_kids:
-                best = tl.where(lanes == tl.load(kids_ptr + j) % VBLOCK, -1.0, best)  # -1 % VBLOCK is no lane
-                j += 1
-        chunk_top, chunk_index = lanes_argmax(best, best_index)
-        index = tl.where((chunk_top > top) | ((chunk_top == top) & (chunk_index < index)), chunk_index, index)
-        top = tl.maximum(top, chunk_top)
+        index = tl.where((best > top) | ((best == top) & (best_index < index)), best_index, index)
+        top = tl.maximum(top, best)
     if not HAS_Q:
         entries = tl.arange(0, TILES) * VBLOCK
         j = tl.zeros([], tl.int32)
