@@ -264,6 +264,35 @@ def write_chain_outputs(token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr
 
 
 @triton.jit
+def draft_uniform(seed, offset, k):
+    """The acceptance uniform of the draft at position k (a scalar)."""
+    return tl.sum(bits_to_uniform(philox_bits(seed, offset, k, PURPOSE_ACCEPT, tl.zeros([1], tl.int64))), 0)
+
+
+@triton.jit
+def rate_accept(u, k, is_draft, in_vocab, rates_ptr):
+    """The synthetic test (engine keyword): the draft at position k is accepted iff u < rate[k]."""
+    return is_draft & in_vocab & (u < tl.load(rates_ptr + k, mask=is_draft, other=0.0))
+
+
+@triton.jit
+def sampled_accept(u, p_x, x, k, is_draft, in_vocab, q_row_ptr, rates_ptr, HAS_DRAFT_PROBS: tl.constexpr,
+                   HAS_RATES: tl.constexpr):
+    """The acceptance test of a sampled request's draft x at position k (accept_draft of
+    csrc/common/sampling_math.h: u * q(x) < p(x), q one-hot without HAS_DRAFT_PROBS), or the synthetic test."""
+    if HAS_RATES:
+        accept = rate_accept(u, k, is_draft, in_vocab, rates_ptr)
+    else:
+        if HAS_DRAFT_PROBS:
+            q_x = tl.load(q_row_ptr + x, mask=is_draft & in_vocab, other=0.0).to(tl.float32)
+            q_x = tl.where(q_x > 0, q_x, 0.0)
+        else:
+            q_x = 1.0
+        accept = is_draft & in_vocab & (u * q_x < p_x)
+    return accept
+
+
+@triton.jit
 def chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED: tl.constexpr):
     """(n, target_base, draft_base) of request b: its draft count clamped into [0, max_draft] (packed: its
     cu_num_draft_tokens range clamped into the rows), where its target rows and its draft tokens start."""
@@ -326,18 +355,9 @@ def rejection_sample_logits_kernel(
         if t > 0:
             x_logit = logit_value(tl.load(row_ptr + x, mask=is_draft & in_vocab, other=float("-inf")).to(tl.float32))
             p_x = entry_prob(x_logit, m, t, tau, total)
-            u = bits_to_uniform(philox_bits(seed, offset, k, PURPOSE_ACCEPT, tl.zeros([1], tl.int64)))
-            u = tl.sum(u, 0)
-            if HAS_RATES:
-                accept = is_draft & in_vocab & (u < tl.load(rates_ptr + k, mask=is_draft, other=0.0))
-            else:
-                if HAS_DRAFT_PROBS:
-                    q_x = tl.load(draft_probs_ptr + (draft_base + k) * vocab + x, mask=is_draft & in_vocab,
-                                  other=0.0).to(tl.float32)
-                    q_x = tl.where(q_x > 0, q_x, 0.0)
-                else:
-                    q_x = 1.0
-                accept = is_draft & in_vocab & (u * q_x < p_x)
+            accept = sampled_accept(draft_uniform(seed, offset, k), p_x, x, k, is_draft, in_vocab,
+                                    draft_probs_ptr + (draft_base + k) * vocab, rates_ptr, HAS_DRAFT_PROBS,
+                                    HAS_RATES)
             if accept:
                 token = x
             else:
@@ -345,8 +365,7 @@ def rejection_sample_logits_kernel(
                                  total, seed, offset, k, HAS_DRAFT_PROBS, BLOCK)
         else:
             if HAS_RATES:
-                u = tl.sum(bits_to_uniform(philox_bits(seed, offset, k, PURPOSE_ACCEPT, tl.zeros([1], tl.int64))), 0)
-                accept = is_draft & in_vocab & (u < tl.load(rates_ptr + k, mask=is_draft, other=0.0))
+                accept = rate_accept(draft_uniform(seed, offset, k), k, is_draft, in_vocab, rates_ptr)
                 token = tl.where(accept, x, argmax)  # an accepted draft need not be the argmax here
             else:
                 accept = is_draft & (x == argmax)
@@ -450,8 +469,7 @@ def tree_rejection_sample_logits_kernel(
             in_vocab = (x >= 0) & (x < vocab)
             xs = tl.minimum(tl.maximum(x, 0), vocab - 1)
             if t > 0:
-                uc = tl.sum(bits_to_uniform(philox_bits(seed, offset, c - 1, PURPOSE_ACCEPT,
-                                                        tl.zeros([1], tl.int64))), 0)
+                uc = draft_uniform(seed, offset, c - 1)
                 p_x = entry_prob(logit_value(tl.load(row_ptr + xs).to(tl.float32)), m, t, tau, total)
                 if HAS_DRAFT_PROBS:
                     q_x = tl.load(q_row_ptr + xs).to(tl.float32)
@@ -712,23 +730,14 @@ def chain_walk_race_kernel(
         in_vocab = (x >= 0) & (x < vocab)
         x_logit = logit_value(tl.load(row_ptr + x, mask=is_draft & in_vocab, other=float("-inf")).to(tl.float32))
         if t > 0:
-            u = tl.sum(bits_to_uniform(philox_bits(seed, offset, k, PURPOSE_ACCEPT, tl.zeros([1], tl.int64))), 0)
-            if HAS_RATES:
-                accept = is_draft & in_vocab & (u < tl.load(rates_ptr + k, mask=is_draft, other=0.0))
-            else:
-                if HAS_DRAFT_PROBS:
-                    q_x = tl.load(draft_probs_ptr + (draft_base + k) * vocab + x, mask=is_draft & in_vocab,
-                                  other=0.0).to(tl.float32)
-                    q_x = tl.where(q_x > 0, q_x, 0.0)
-                else:
-                    q_x = 1.0
-                accept = is_draft & in_vocab & (u * q_x < entry_prob(x_logit, m, t, 0, total))
+            accept = sampled_accept(draft_uniform(seed, offset, k), entry_prob(x_logit, m, t, 0, total), x, k,
+                                    is_draft, in_vocab, draft_probs_ptr + (draft_base + k) * vocab, rates_ptr,
+                                    HAS_DRAFT_PROBS, HAS_RATES)
             token = x
             race = tl.where(accept, 0, 1).to(tl.int32)
         else:
             if HAS_RATES:
-                u = tl.sum(bits_to_uniform(philox_bits(seed, offset, k, PURPOSE_ACCEPT, tl.zeros([1], tl.int64))), 0)
-                accept = is_draft & in_vocab & (u < tl.load(rates_ptr + k, mask=is_draft, other=0.0))
+                accept = rate_accept(draft_uniform(seed, offset, k), k, is_draft, in_vocab, rates_ptr)
                 token = tl.where(accept, x, argmax)  # an accepted draft need not be the argmax here
             else:
                 accept = is_draft & (x == argmax)
