@@ -2,7 +2,8 @@
 
 CUDA kernels are compiled when a CUDA build of torch and nvcc are present (arch
 list from TORCH_CUDA_ARCH_LIST, default "8.0;9.0"); the C++ CPU kernels always.
-SPECDEC_NO_CUDA=1 forces a CPU-only build. Install with
+SPECDEC_NO_CUDA=1 forces a CPU-only build; SPECDEC_FAIL_ON_SPILLS=1 (CI) makes ptxas
+fail the build on any register spill or local-memory use, for every arch compiled. Install with
 `pip install --no-build-isolation -e .` so the build sees the installed torch.
 
 Before importing setuptools or torch, the build checks the supported range
@@ -117,6 +118,13 @@ def want_cuda(torch, cpp_extension):
     return True
 
 
+def nvcc_flags():
+    flags = ["-O3", "-lineinfo"]
+    if os.environ.get("SPECDEC_FAIL_ON_SPILLS", "0") == "1":
+        flags.append("-Xptxas=-warn-spills,-warn-lmem-usage,-Werror")
+    return flags
+
+
 def extensions():
     # CUDA_HOME defaults to /usr/local/cuda (torch would otherwise derive it from the nvcc on PATH,
     # which may be a symlink outside the toolkit).
@@ -141,7 +149,7 @@ def extensions():
             cpp + cu,
             include_dirs=[os.path.join(cpp_extension.CUDA_HOME, "include")],
             define_macros=[("SPECDEC_WITH_CUDA", "1")],
-            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-lineinfo"]},
+            extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags()},
         )
     else:
         ext = cpp_extension.CppExtension("specdec_ops._C", cpp, extra_compile_args={"cxx": cxx_flags})

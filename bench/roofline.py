@@ -42,6 +42,7 @@ Usage::
     python bench/roofline.py --json out.json
     python bench/roofline.py --only rejection_cuda_draft
     python bench/roofline.py --only logits  # rejection_sample_logits, CUDA and Triton
+    python bench/roofline.py --arch 90      # sm_90 only (the tests; CI's build checks every arch's spills)
     python bench/roofline.py --measure      # on a GPU: also time each kernel (torch.cuda.Event)
 
 Needs nvcc (CUDA_HOME or /usr/local/cuda) and triton; without nvcc it prints a skip note and exits 0.
@@ -1039,6 +1040,9 @@ def main(argv=None):
     ap.add_argument("--json", help="write the table as JSON here")
     ap.add_argument("--only", help="comma-separated case names (prefix match)")
     ap.add_argument("--measure", action="store_true", help="time every kernel on the GPU next to the prediction")
+    ap.add_argument("--arch", default="90,80",
+                    help="CUDA archs to compile and check for spills (comma-separated; 90 is always compiled: "
+                         "the model reads its SASS)")
     args = ap.parse_args(argv)
 
     # The Triton kernels are compiled ahead of time: the interpreter (a test environment's TRITON_INTERPRET=1)
@@ -1060,7 +1064,8 @@ def main(argv=None):
     errors, rows, spill_notes = [], {}, []
     with tempfile.TemporaryDirectory() as workdir:
         sources = sorted({c.source for c in cases if c.backend == "cuda"})
-        jobs = [(s, a) for s in sources for a in (90, 80)]
+        archs = [90] + [a for a in dict.fromkeys(int(x) for x in args.arch.split(",")) if a != 90]
+        jobs = [(s, a) for s in sources for a in archs]
         with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
             futures = {job: pool.submit(compile_cuda, nvcc, cuobjdump, job[0], job[1], workdir) for job in jobs}
         compiled = {}
