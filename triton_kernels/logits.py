@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile
-from .rejection import race_tile_update
+from .rejection import race_may_win, race_tile_fold, race_tile_update
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 RADIX_BITS = tl.constexpr(4)
@@ -660,28 +660,50 @@ def split_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, total
                lo, LENGTH: tl.constexpr, HAS_T: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
     """(best score, first index) of the exponential race over entries [lo, lo + LENGTH) of a row: over
     max(p - q, 0) when `residual` (q one-hot at `draft` without HAS_Q), else over p; one running best across
-    tiles (race_tile_update: entries that cannot win skip the log). p = exp((x - m) / T) / total as
-    entry_prob (T = 1 without HAS_T: no division)."""
+    tiles. p = exp((x - m) / T) / total as entry_prob (T = 1 without HAS_T: no division), computed exactly
+    only on a tile's log path: the skip test (race_may_win) takes mass_bound, an upper bound on p without
+    a division, so a tile none of whose entries can still win costs no division and no log."""
     best = tl.full([], -1.0, tl.float32)
     best_index = tl.zeros([], tl.int32)
+    inv_t = tl.full([], 1.0, tl.float32)
+    if HAS_T:
+        inv_t = tl.math.div_rn(1.0, temperature)
+    # (1 + 2^-20) / total: with mass_bound's exp, an upper bound on every p of the row (0 without mass)
+    bound_scale = tl.where(total > 0, tl.math.div_rn(1.00000095367431640625, tl.maximum(total, 1e-30)), 0.0)
     for start in range(0, LENGTH, BLOCK):
         idx = lo + start + tl.arange(0, BLOCK)
         inside = idx < vocab
         x = load_row(row_ptr, idx, inside)
-        if HAS_T:
-            z = scaled(x, m, temperature)
-        else:
-            z = x - m
-        mass = tl.where(total > 0, tl.math.div_rn(tl.exp(z), tl.maximum(total, 1e-30)), 0.0)
         if HAS_Q:
             q = tl.load(q_row_ptr + idx, mask=idx < tl.where(residual, vocab, 0), other=0.0).to(tl.float32)
             q = tl.where(q > 0, q, 0.0)
         else:
             q = tl.where(idx == draft, 1.0, 0.0)
-        target = tl.where(residual, mass - q, mass)
         u = bits_to_uniform(philox_tile(seed, offset, position, purpose, lo + start, BLOCK))
-        best, best_index = race_tile_update(race_masses(target, inside), u, idx, best, best_index, True)
+        bound = mass_bound(x - m, inv_t, bound_scale)
+        may_win = race_may_win(race_masses(tl.where(residual, bound - q, bound), inside), u, best)
+        if tl.max(may_win, 0) != 0:  # the exact p (two correctly rounded divisions) for the tile's log path
+            if HAS_T:
+                z = scaled(x, m, temperature)
+            else:
+                z = x - m
+            mass = tl.where(total > 0, tl.math.div_rn(tl.exp(z), tl.maximum(total, 1e-30)), 0.0)
+            target = tl.where(residual, mass - q, mass)
+            best, best_index = race_tile_fold(race_masses(target, inside), u, idx, may_win, best, best_index, True)
     return best, best_index
+
+
+@triton.jit
+def mass_bound(d, inv_t, bound_scale):
+    """An upper bound, without a division, on p = div_rn(exp(div_rn(d, T)), total) for d = x - m <= 0 (or
+    NaN, where total is 0): for the race's skip test only (race_may_win keeps every entry whose exact p
+    could win when fed a larger p). z_up = d * (1/T) * (1 - 2^-20) + 2^-12 >= z + 2^-13 for the z that
+    matters (|z| < 128; beyond, exp(z) is 0): the factor covers the three roundings (2^-24 each), the
+    offset the rounding of z_up * log2(e) and the approximate ex2 (both below 2^-16 in the exponent), also
+    at the flush to zero. bound_scale = (1 + 2^-20) / total covers its own rounding and the product's and
+    the exact quotient's; a positive bound is at least 1e-37, above any subnormal p."""
+    e = tl.exp(d * inv_t * 0.99999904632568359375 + 0.000244140625)
+    return tl.where(e > 0, tl.maximum(e * bound_scale, 1e-37), 0.0)
 
 
 @triton.jit(do_not_specialize=["num_draft_rows"])

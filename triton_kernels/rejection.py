@@ -124,12 +124,22 @@ def race_tile_update(mass, u, idx, best, best_index, noisy):
     index order, so a strictly larger score keeps the first index on ties."""
     may_win = tl.where(noisy, race_may_win(mass, u, best), tl.where(mass > best, 1, 0))
     if tl.max(may_win, 0) != 0:
-        score = tl.where(may_win != 0, tl.where(noisy, tl.math.div_rn(mass, -tl.log(u)), mass), -1.0)
-        top = tl.max(score, 0)
-        top_index = tl.min(tl.where(score == top, idx, 0x7FFFFFFF), 0)
-        if top > best:
-            best = top
-            best_index = top_index
+        best, best_index = race_tile_fold(mass, u, idx, may_win, best, best_index, noisy)
+    return best, best_index
+
+
+@triton.jit
+def race_tile_fold(mass, u, idx, may_win, best, best_index, noisy):
+    """The log path of race_tile_update: the entries that may win (may_win != 0) score mass / -log(u) (mass
+    when not `noisy`), the others -1; the tile's largest score, first index on ties, replaces the running
+    best if strictly larger. Callers whose masses cost divisions (logits.py split_race) run the skip test on
+    an upper bound of them and compute the exact masses for this fold only."""
+    score = tl.where(may_win != 0, tl.where(noisy, tl.math.div_rn(mass, -tl.log(u)), mass), -1.0)
+    top = tl.max(score, 0)
+    top_index = tl.min(tl.where(score == top, idx, 0x7FFFFFFF), 0)
+    if top > best:
+        best = top
+        best_index = top_index
     return best, best_index
 
 
