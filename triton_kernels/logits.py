@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile
-from .rejection import race_may_win, race_tile_fold, race_tile_update
+from .rejection import prob_mass, race_may_win, race_tile_fold, race_tile_update
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 RADIX_BITS = tl.constexpr(4)
@@ -198,7 +198,7 @@ def token_logprob(row_ptr, token, vocab, m, argmax, temperature, tau, total, BLO
 def race_masses(mass, inside):
     """A tile's entries for race_tile_update: no mass (0, NaN, negative) is 0 (scores 0), entries past the
     row are out of the race (-1)."""
-    return tl.where(inside, tl.where(mass > 0, mass, 0.0), -1.0)
+    return tl.where(inside, prob_mass(mass), -1.0)
 
 
 @triton.jit

@@ -155,7 +155,7 @@ def _race_tile(p_row_ptr, q_row_ptr, q_end, q_at, start, best, best_index, vocab
         q = tl.where(idx == q_at, 1.0, 0.0)
     diff = mass - q
     u = bits_to_uniform(philox_tile(seed, offset, position, purpose, start, BLOCK))
-    return race_tile_update(tl.where(diff > 0, diff, 0.0), u, idx, best, best_index, True)
+    return race_tile_update(prob_mass(diff), u, idx, best, best_index, True)
 
 
 @triton.jit
