@@ -19,9 +19,12 @@ Model and its assumptions (each one a place where a GPU measurement can correct 
   in the table), every byte once from HBM: no L2 reuse, no L2 hits for rows read twice. Scattered scalar
   reads count a 32-byte sector each. The minimum is what any implementation must move for the same result.
 * The hot loop is the innermost loop (a backward branch in the SASS) holding the kernel's vocab-wide loads
-  (and, for races, the Philox rounds). Its instructions are counted statically, without the basic blocks
-  around the race's log (MUFU.LG2 or logf's polynomial: run only for entries that may still win, a
-  vanishing fraction, or while a race is empty);
+  (and, for races, the Philox rounds). Its instructions are counted statically. The basic blocks around
+  the race's log (MUFU.LG2 or logf's polynomial: run only for entries that may still win, or while a race
+  is empty) are counted apart and weighted by how often a warp runs them (log_path_fraction: i.i.d.
+  scores, a running best beaten by its n-th candidate with probability 1/n; Triton races branch per tile
+  on a best shared by the block, the CUDA races per entry on a best per thread, so a warp runs an entry's
+  log path when any of its 32 lanes may win there);
   per element = that count / (elements one thread handles per trip: the bytes of the body's vector loads,
   the streamed rows, over the bytes of one element of every stream). Issue time = trips x warps x instructions / (busy SMs x 4 x clock).
 * Latency time = waves x sequential passes x trips per thread per pass x LATENCY_S: each trip waits for
@@ -816,6 +819,21 @@ def vocab_parts_for(batch, vocab, resident, threads):
     return max(1, min(by_device, by_vocab))
 
 
+def log_path_fraction(backend, trips, elems_per_trip):
+    """Expected fraction of a race loop's trips (Triton) or entries (CUDA) on which a warp runs the log path.
+
+    Triton (race_tile_update): one best per block, a branch per tile; tile t holds a new best with
+    probability 1/t, so H(trips) of the trips run it. CUDA (race_update): one best per thread, a branch per
+    entry; a thread's n-th entry may win with probability 1/n, and the warp runs that entry's log path when
+    any of its 32 lanes does: 1 - (1 - 1/n)^32. The skip test's small margin is not counted."""
+    if trips <= 0:
+        return 0.0
+    if backend == "triton":
+        return sum(1.0 / t for t in range(1, trips + 1)) / trips
+    n_max = max(1, int(round(trips * elems_per_trip)))
+    return sum(1.0 - (1.0 - 1.0 / n) ** 32 for n in range(1, n_max + 1)) / n_max
+
+
 def predict(case, res):
     threads = res["threads"] or 1024
     shared = res["shared"] + case.dynamic_smem
@@ -844,25 +862,27 @@ def predict(case, res):
                 raise RuntimeError(f"no {kind!r} loop found in the SASS of {case.name}")
             continue
         body, cold = loop
-        hot = len(body) - cold
         vector = [load_bytes(x, smem) for x in body if load_bytes(x, smem) >= 8]  # the streamed rows (scalars: indices)
         per_trip_bytes = sum(vector) or sum(load_bytes(x, smem) for x in body)
         elems_per_trip = case.elems_per_trip or per_trip_bytes / (streams * case.elem_bytes)
         trips = math.ceil(case.elems_per_pass / per_item / (threads * elems_per_trip)) if elems_per_trip else 0
+        # the log path, as often as a warp runs it (log_path_fraction)
+        log_share = log_path_fraction(case.backend, trips, elems_per_trip) if cold else 0.0
+        hot = len(body) - cold + log_share * cold
         warps_total = grid * (threads // 32)
         t_issue += passes * trips * warps_total * hot / (min(grid, SMS) * ISSUE_PER_SM * CLOCK_HZ)
         if not smem:
             t_lat += waves * passes * trips * LATENCY_S
         found.append((hot, cold, per_trip_bytes, elems_per_trip, trips, passes))
         phase_rows.append(dict(loop=kind + (" (smem)" if smem else ""), passes=passes, instructions=hot, cold=cold, elems_per_trip=elems_per_trip,
-                               trips=trips))
+                               trips=trips, log_path_fraction=log_share))
     if found:
         # ins/el: per element of the whole kernel (all passes), weighted by each pass
         total_passes = sum(f[5] for f in found)
         ipe = sum(f[5] * f[0] / f[3] for f in found if f[3]) / total_passes if case.phases else (
             found[0][0] / found[0][3] if found[0][3] else None)
         row.update(loop_instructions=found[0][0], loop_cold=found[0][1], loads_per_trip_bytes=found[0][2],
-                   instr_per_elem=ipe, trips=found[0][4])
+                   instr_per_elem=ipe, trips=found[0][4], log_path_fraction=phase_rows[0]["log_path_fraction"])
         if case.phases:
             row.update(phases=phase_rows)
     else:
