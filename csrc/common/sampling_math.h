@@ -75,9 +75,9 @@ SPECDEC_HD ArgMax argmax_merge(const ArgMax& a, const ArgMax& b) {
 // subnormal right side is smaller than it (no skip). mass >= best makes the right
 // side <= 0 < u * best (never skipped); best = inf skips every finite mass (its
 // score is finite) and never an infinite one (inf - inf is NaN: the comparison
-// fails). Skipping such entries (no
-// log) never changes the winner, and comparing against a thread's own running best
-// (<= the block's) stays safe.
+// fails). Skipping such entries (no log) never changes the winner, and comparing
+// against any score some entry of the race reached (a thread's own running best, or
+// the best of its warp: race_update's bar, <= the block's) stays safe.
 SPECDEC_HD bool race_may_win(float mass, float u, float best) {
   if (!(best > 1e-30f)) return true;
   return !(u * best <= (best - mass) * (1.f - 2e-5f));
@@ -88,11 +88,28 @@ SPECDEC_HD bool race_may_win(float mass, float u, float best) {
 // changes nothing once best is positive (0 is neither above nor equal to it), so
 // such an update is skipped too: the common path of an entry is the skip test and
 // one branch; scores are computed only on the rare path.
-SPECDEC_HD void race_update(ArgMax& best, float mass, uint32_t bits, int64_t index) {
+//
+// The skip test compares against `bar`: the racer's own best score or any higher
+// score that an entry of the same race already reached (the CUDA kernels raise it to
+// the best of the warp's racers every few entries: cuda::warp_raise_bar). An entry
+// skipped against bar scores below it, so below the race's winner: the argmax merged
+// over all racers is unchanged, and a higher bar skips more entries. Without mass an
+// entry is skipped once bar > 0 (some entry already scores above 0). bar follows every
+// score computed here, so bar >= best.score holds throughout.
+SPECDEC_HD void race_update(ArgMax& best, float& bar, float mass, uint32_t bits, int64_t index) {
   const bool has_mass = mass > 0.f;
   const float u = bits_to_uniform(bits);
-  if (has_mass ? race_may_win(mass, u, best.score) : !(best.score > 0.f))
-    argmax_update(best, has_mass ? mass / uniform_noise(u) : 0.f, index);
+  if (has_mass ? race_may_win(mass, u, bar) : !(bar > 0.f)) {
+    const float score = has_mass ? mass / uniform_noise(u) : 0.f;
+    argmax_update(best, score, index);
+    if (score > bar) bar = score;
+  }
+}
+
+// race_update against the racer's own best alone.
+SPECDEC_HD void race_update(ArgMax& best, float mass, uint32_t bits, int64_t index) {
+  float bar = best.score;
+  race_update(best, bar, mass, bits, index);
 }
 
 // The draft token used in acceptance: an id outside [0, V) is always rejected

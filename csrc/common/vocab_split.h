@@ -57,30 +57,37 @@ SPECDEC_HD void argmax_update_ascending(ArgMax& best, float score, int64_t index
 // The race after a rejected draft: over the residual max(p - q, 0), falling back
 // to a race over p (same random numbers) when the residual has no mass anywhere in
 // the row (rounding). Both run in one pass with one race update per entry in the
-// common case: once a racer's residual has a positive score, the row's residual
-// has one too, so the fallback will never be read; the racer stops updating it
-// (its fallback is then a partial result over a prefix, never used). When every
-// racer's residual is empty, every fallback saw all of its entries, and so does
-// their merge: the fallback is exact exactly when it is used.
+// common case: once a racer's residual bar is positive (its own residual, or another
+// racer's it was raised to, has a positive score), the row's residual has one too, so
+// the fallback will never be read; the racer stops updating it (its fallback is then
+// a partial result over a prefix, never used). When every racer's residual is empty,
+// every bar stays <= 0, every fallback saw all of its entries, and so does their
+// merge: the fallback is exact exactly when it is used. Each race has its bar
+// (race_update): its best's score until a kernel raises it.
 struct ResidualRace {
   ArgMax residual;
   ArgMax fallback;  // also the bonus race (residual left empty)
+  float residual_bar;
+  float fallback_bar;
 };
 
-SPECDEC_HD ResidualRace residual_race_init() { return ResidualRace{argmax_init(), argmax_init()}; }
+SPECDEC_HD ResidualRace residual_race_init() {
+  return ResidualRace{argmax_init(), argmax_init(), argmax_init().score, argmax_init().score};
+}
 
 SPECDEC_HD void residual_race_update(ResidualRace& race, float p, float q, uint32_t bits, int64_t index) {
-  race_update(race.residual, residual_mass(p, q), bits, index);
-  if (!(race.residual.score > 0.f)) race_update(race.fallback, prob_mass(p), bits, index);
+  race_update(race.residual, race.residual_bar, residual_mass(p, q), bits, index);
+  if (!(race.residual_bar > 0.f)) race_update(race.fallback, race.fallback_bar, prob_mass(p), bits, index);
 }
 
 // The bonus race (everything accepted) is a plain race over p in the fallback slot.
 SPECDEC_HD void bonus_race_update(ResidualRace& race, float p, uint32_t bits, int64_t index) {
-  race_update(race.fallback, prob_mass(p), bits, index);
+  race_update(race.fallback, race.fallback_bar, prob_mass(p), bits, index);
 }
 
 SPECDEC_HD ResidualRace residual_race_merge(const ResidualRace& a, const ResidualRace& b) {
-  return ResidualRace{argmax_merge(a.residual, b.residual), argmax_merge(a.fallback, b.fallback)};
+  const ArgMax residual = argmax_merge(a.residual, b.residual), fallback = argmax_merge(a.fallback, b.fallback);
+  return ResidualRace{residual, fallback, residual.score, fallback.score};
 }
 
 // The emitted token: the residual's winner if it has mass, else the fallback's.

@@ -108,18 +108,32 @@ namespace specdec {
 // excluded entry with mass behaves exactly as an entry without mass (skipped once the
 // race has a positive score, else a score-0 candidate), so this equals
 // race_update(best, excluded(index) ? 0 : mass, bits, index) for every entry.
+// `bar` is race_update's: the racer's own best score or a higher score the race
+// already reached (the CUDA kernel raises it to the warp's best).
 template <typename Excluded>
-SPECDEC_HD void race_update_excluding(ArgMax& best, float mass, uint32_t bits, int64_t index,
+SPECDEC_HD void race_update_excluding(ArgMax& best, float& bar, float mass, uint32_t bits, int64_t index,
                                       const Excluded& excluded) {
   const bool has_mass = mass > 0.f;
   const float u = bits_to_uniform(bits);
-  if (has_mass ? race_may_win(mass, u, best.score) : !(best.score > 0.f)) {
+  if (has_mass ? race_may_win(mass, u, bar) : !(bar > 0.f)) {
     if (has_mass && excluded(index)) {
-      if (!(best.score > 0.f)) argmax_update(best, 0.f, index);
+      if (!(bar > 0.f)) {
+        argmax_update(best, 0.f, index);
+        if (0.f > bar) bar = 0.f;
+      }
     } else {
-      argmax_update(best, has_mass ? mass / uniform_noise(u) : 0.f, index);
+      const float score = has_mass ? mass / uniform_noise(u) : 0.f;
+      argmax_update(best, score, index);
+      if (score > bar) bar = score;
     }
   }
+}
+
+template <typename Excluded>
+SPECDEC_HD void race_update_excluding(ArgMax& best, float mass, uint32_t bits, int64_t index,
+                                      const Excluded& excluded) {
+  float bar = best.score;
+  race_update_excluding(best, bar, mass, bits, index, excluded);
 }
 
 // The final token of a node whose children were all rejected (no draft_probs), from
@@ -147,12 +161,20 @@ SPECDEC_HD int64_t tree_onehot_final(int64_t excluded_race_winner, int64_t kept,
 struct TreeResidualRace {
   ArgMax next;
   ArgMax current;
+  float next_bar;     // race_update's bars
+  float current_bar;
 };
 
+SPECDEC_HD TreeResidualRace tree_residual_race_init() {
+  return TreeResidualRace{argmax_init(), argmax_init(), argmax_init().score, argmax_init().score};
+}
+
+// `current` is updated while no racer's `next` bar is positive: a positive bar is a
+// positive score of some entry of r_{m+1}, so the sum is positive and `current` unread.
 SPECDEC_HD void tree_residual_race_update(TreeResidualRace& race, float r_next, float r_m, uint32_t bits,
                                           int64_t index) {
-  race_update(race.next, r_next, bits, index);
-  if (!(race.next.score > 0.f)) race_update(race.current, r_m, bits, index);
+  race_update(race.next, race.next_bar, r_next, bits, index);
+  if (!(race.next_bar > 0.f)) race_update(race.current, race.current_bar, r_m, bits, index);
 }
 
 }  // namespace specdec
@@ -160,7 +182,8 @@ SPECDEC_HD void tree_residual_race_update(TreeResidualRace& race, float r_next, 
 namespace specdec {
 
 // Whether any of four consecutive entries of a race (masses, Philox words) can change
-// the race's best `best` (the best before the first of them): false means that
+// the race's best, tested against `best`: the race's bar before the first of them
+// (race_update; its best's score, or higher). False means that
 // race_update (or race_update_excluding) on each of them, in order, changes nothing,
 // so a kernel can test a Philox group once and branch once. The first entry that
 // changes the best sees `best` unchanged, so testing every entry against it finds it.

@@ -160,12 +160,24 @@ Result single_block(const Request& r) {
 // The split kernel: `parts` blocks of `threads` threads, each thread running
 // `per_thread` virtual threads one after the other; one pass per visited node (see
 // tree_verify_kernels.cu). Races are per thread over the kernel's order, then merged.
-Result split(const Request& r, int parts, int threads, int per_thread) {
+// shared_bar: every racer skips against one bar for the whole sweep, raised by every
+// score any racer computes (race_update's bar at its most aggressive: the kernel shares
+// a warp's); the results must not change.
+Result split(const Request& r, int parts, int threads, int per_thread, bool shared_bar = false) {
   const int64_t V = r.vocab, vthreads = threads_for_vocab(V), groups = (V + 3) / 4;
   CHECK(parts * threads * per_thread == vthreads);
   // Runs entry(acc, i, bits) over every entry in the kernel's thread order, merging per-thread accumulators.
+  float bar = -1.f;  // shared_bar: the sweep's bar (reset by every sweep)
+  // A racer's bar before an update (its own, or the shared one if higher), and the shared one after it.
+  const auto raise = [&](float& own) {
+    if (shared_bar && bar > own) own = bar;
+  };
+  const auto publish = [&](float own) {
+    if (shared_bar && own > bar) bar = own;
+  };
   const auto sweep = [&](uint32_t position, uint32_t purpose, auto init, auto entry, auto merge) {
     auto total = init();
+    bar = -1.f;
     for (int part = 0; part < parts; ++part)
       for (int t = 0; t < threads; ++t) {
         auto acc = init();
@@ -208,7 +220,10 @@ Result split(const Request& r, int parts, int threads, int per_thread) {
     if (children.empty()) {
       out.tokens.push_back(sweep(position, tree_final_purpose(false), argmax_init,
                                  [&](ArgMax& a, int64_t i, uint32_t bits) {
-                                   race_update(a, prob_mass(r.pv(u, i)), bits, i);
+                                   float own = a.score;
+                                   raise(own);
+                                   race_update(a, own, prob_mass(r.pv(u, i)), bits, i);
+                                   publish(own);
                                  }, merge_argmax).index);
       return out;
     }
@@ -221,7 +236,10 @@ Result split(const Request& r, int parts, int threads, int per_thread) {
         return false;
       };
       const ArgMax race = sweep(position, purpose, argmax_init, [&](ArgMax& a, int64_t i, uint32_t bits) {
-        race_update_excluding(a, prob_mass(r.pv(u, i)), bits, i, excluded);
+        float own = a.score;
+        raise(own);
+        race_update_excluding(a, own, prob_mass(r.pv(u, i)), bits, i, excluded);
+        publish(own);
       }, merge_argmax);
       float sum = cuda_row_sum(V, [&](int64_t i) { return prob_mass(r.pv(u, i)); });
       int64_t nonzero = 0, m = 0, kept = -1;
@@ -269,13 +287,17 @@ Result split(const Request& r, int parts, int threads, int per_thread) {
         };
         const float total = cuda_row_sum(V, r_next);
         if (j + 1 == children.size()) {
-          const auto init = [] { return TreeResidualRace{argmax_init(), argmax_init()}; };
-          const TreeResidualRace race = sweep(position, purpose, init,
+          const TreeResidualRace race = sweep(position, purpose, tree_residual_race_init,
               [&](TreeResidualRace& a, int64_t i, uint32_t bits) {
+                raise(a.next_bar);  // the fallback over r_m keeps its own bar, as in the kernel
                 tree_residual_race_update(a, r_next(i), r_m(i), bits, i);
+                publish(a.next_bar);
               },
               [](TreeResidualRace a, TreeResidualRace b) {
-                return TreeResidualRace{argmax_merge(a.next, b.next), argmax_merge(a.current, b.current)};
+                TreeResidualRace merged = tree_residual_race_init();
+                merged.next = argmax_merge(a.next, b.next);
+                merged.current = argmax_merge(a.current, b.current);
+                return merged;
               });
           out.tokens.push_back(total > 0.f ? race.next.index : race.current.index);
           return out;
@@ -341,6 +363,7 @@ void check_split_replay() {
       for (int parts = 1; parts * threads <= vthreads; parts *= 2) {
         const Result got = split(r, parts, threads, vthreads / (threads * parts));
         CHECK(got == want);
+        CHECK(split(r, parts, threads, vthreads / (threads * parts), true) == want);
         ++compared;
         differing_layouts += parts > 1;
       }
@@ -365,6 +388,7 @@ void check_split_replay() {
     kept_wins += want.tokens[0] == 1;
     zero_wins += want.tokens[0] == 0;
     CHECK(split(r, 1, 32, 1) == want);
+    CHECK(split(r, 1, 32, 1, true) == want);
   }
   CHECK(kept_wins > 10 && zero_wins > 10 && kept_wins + zero_wins == 200);
 }

@@ -44,30 +44,43 @@ int64_t single_pass_race(const std::vector<float>& p, const std::vector<float>* 
 }
 
 // The split race: parts x threads x (unroll groups per step), merged in a scrambled order.
+// The threads of a part run in lock step, as a warp does; after each group the active
+// threads of every warp of `warp` threads raise their bars to the highest among them
+// (cuda::warp_raise_bar: the residual's bar, or the bonus race's), unless warp is 1.
 int64_t split_race(const std::vector<float>& p, const std::vector<float>* q, uint64_t seed, uint32_t purpose,
-                   int64_t parts, int64_t threads, int64_t unroll) {
+                   int64_t parts, int64_t threads, int64_t unroll, int64_t warp = 1) {
   const int64_t vocab = static_cast<int64_t>(p.size());
   std::vector<ResidualRace> part_results;
   for (int64_t part = 0; part < parts; ++part) {
     const GroupRange range = vocab_part(vocab, parts, part);
-    ResidualRace block = residual_race_init();
-    for (int64_t t = threads - 1; t >= 0; --t) {  // reverse thread order: merge order must not matter
-      ResidualRace mine = residual_race_init();
-      for (int64_t g0 = range.begin + t; g0 < range.end; g0 += unroll * threads) {
-        for (int64_t k = 0; k < unroll; ++k) {
-          const int64_t g = g0 + k * threads;
-          if (g >= range.end) break;
+    std::vector<ResidualRace> mine(threads, residual_race_init());
+    for (int64_t g0 = range.begin; g0 < range.end; g0 += unroll * threads) {
+      for (int64_t k = 0; k < unroll; ++k) {
+        std::vector<bool> active(threads, false);
+        for (int64_t t = threads - 1; t >= 0; --t) {
+          const int64_t g = g0 + t + k * threads;
+          if (g >= range.end) continue;
+          active[t] = true;
           const Philox4 bits = philox_block(seed, 11, 3, purpose, static_cast<uint32_t>(g));
           for (int j = 0; j < 4; ++j) {
             const int64_t i = 4 * g + j;
             if (i >= vocab) break;
-            if (q != nullptr) residual_race_update(mine, p[i], (*q)[i], bits.x[j], i);
-            else bonus_race_update(mine, p[i], bits.x[j], i);
+            if (q != nullptr) residual_race_update(mine[t], p[i], (*q)[i], bits.x[j], i);
+            else bonus_race_update(mine[t], p[i], bits.x[j], i);
           }
         }
+        for (int64_t w0 = 0; warp > 1 && w0 < threads; w0 += warp) {
+          auto bar = [&](int64_t t) -> float& { return q != nullptr ? mine[t].residual_bar : mine[t].fallback_bar; };
+          float top = -1.f;
+          for (int64_t t = w0; t < w0 + warp && t < threads; ++t)
+            if (active[t] && bar(t) > top) top = bar(t);
+          for (int64_t t = w0; t < w0 + warp && t < threads; ++t)
+            if (active[t]) bar(t) = top;
+        }
       }
-      block = residual_race_merge(block, mine);
     }
+    ResidualRace block = residual_race_init();
+    for (int64_t t = threads - 1; t >= 0; --t) block = residual_race_merge(block, mine[t]);  // order must not matter
     part_results.push_back(block);
   }
   ResidualRace all = residual_race_init();
@@ -129,12 +142,15 @@ void test_split_race_equals_single_pass() {
     const int64_t parts = 1 + static_cast<int64_t>(next_u32() % 9);
     const int64_t threads = 1 + static_cast<int64_t>(next_u32() % 64);
     const int64_t unroll = 1 + static_cast<int64_t>(next_u32() % 3);
+    const int64_t warp = 1 + static_cast<int64_t>(next_u32() % 32);
     for (const std::vector<float>* qq : {&q, &one_hot}) {
       const int64_t want = single_pass_race(p, qq, seed, kPurposeResidual);
       CHECK(split_race(p, qq, seed, kPurposeResidual, parts, threads, unroll) == want);
+      CHECK(split_race(p, qq, seed, kPurposeResidual, parts, threads, unroll, warp) == want);
     }
-    CHECK(split_race(p, nullptr, seed, kPurposeBonus, parts, threads, unroll) ==
-          single_pass_race(p, nullptr, seed, kPurposeBonus));
+    const int64_t want = single_pass_race(p, nullptr, seed, kPurposeBonus);
+    CHECK(split_race(p, nullptr, seed, kPurposeBonus, parts, threads, unroll) == want);
+    CHECK(split_race(p, nullptr, seed, kPurposeBonus, parts, threads, unroll, warp) == want);
     ArgMax full = argmax_init();
     for (int64_t i = 0; i < vocab; ++i) argmax_update(full, prob_mass(p[i]), i);
     CHECK(split_argmax(p, parts, threads) == full.index);
@@ -158,10 +174,16 @@ void test_split_race_equals_single_pass() {
 void test_fallback_is_unused_when_any_part_has_residual_mass() {
   std::vector<float> p(1000, 0.001f), q(1000, 0.001f);
   q[998] = 0.f;
-  for (int64_t parts = 1; parts <= 8; ++parts) CHECK(split_race(p, &q, 5, kPurposeResidual, parts, 32, 2) == 998);
+  for (int64_t parts = 1; parts <= 8; ++parts) {
+    CHECK(split_race(p, &q, 5, kPurposeResidual, parts, 32, 2) == 998);
+    CHECK(split_race(p, &q, 5, kPurposeResidual, parts, 32, 2, 8) == 998);  // warps of 8 share residual bars
+  }
   q[998] = 0.001f;  // now empty everywhere: the fallback over p
   const int64_t want = single_pass_race(p, &q, 5, kPurposeResidual);
-  for (int64_t parts = 1; parts <= 8; ++parts) CHECK(split_race(p, &q, 5, kPurposeResidual, parts, 32, 2) == want);
+  for (int64_t parts = 1; parts <= 8; ++parts) {
+    CHECK(split_race(p, &q, 5, kPurposeResidual, parts, 32, 2) == want);
+    CHECK(split_race(p, &q, 5, kPurposeResidual, parts, 32, 2, 8) == want);
+  }
 }
 
 // The division-free skip test at the edges of float32: subnormal and huge masses,
