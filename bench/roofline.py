@@ -23,8 +23,9 @@ Model and its assumptions (each one a place where a GPU measurement can correct 
   the race's log (MUFU.LG2 or logf's polynomial: run only for entries that may still win, or while a race
   is empty) are counted apart and weighted by how often a warp runs them (log_path_fraction: i.i.d.
   scores, a running best beaten by its n-th candidate with probability 1/n; Triton races branch per tile
-  on a best shared by the block, the CUDA races per entry on a best per thread, so a warp runs an entry's
-  log path when any of its 32 lanes may win there);
+  on a best shared by the block, the CUDA races per entry on a bar per thread, so a warp runs an entry's
+  log path when any of its 32 lanes may win there; a bar the lanes raise to the warp's best every few
+  entries, Case.bar_share, makes that rare after the first raise);
   per element = that count / (elements one thread handles per trip: the bytes of the body's vector loads,
   the streamed rows, over the bytes of one element of every stream). Issue time = trips x warps x instructions / (busy SMs x 4 x clock).
 * Latency time = waves x sequential passes x trips per thread per pass x LATENCY_S: each trip waits for
@@ -122,6 +123,8 @@ class Case:
     then: "Case | None" = None   # a second kernel the op launches after this one (its own resources and
                                  # prediction; the row's time is the sum, its resources this kernel's)
     dynamic_smem: int = 0        # bytes of dynamic shared memory per block (added to the static for occupancy)
+    bar_share: int = 0           # CUDA races: entries a thread races between raises of its bar to the warp's
+                                 # best (cuda::warp_raise_bar); 0: each thread skips against its own best only
 
 
 def _rows(n, elem=4):
@@ -173,7 +176,7 @@ def rejection_cases():
                       min_bytes=batch * _rows(rows), elems_per_pass=V, items=batch, passes=K + 1 if greedy else 1,
                       loop="scan" if greedy else "race")
         cases.append(Case(name=f"rejection_cuda_{tag}", backend="cuda", source="csrc/rejection/rejection_kernels.cu",
-                          function=r"rejection_sample_kernelIf", **common,
+                          function=r"rejection_sample_kernelIf", bar_share=4, **common,
                           measure=_measure_rejection(batch, has_q, greedy, "cuda")))
         parts, _ = _rejection_triton_parts(batch)
         slots = K + 1 if greedy else 1  # partials per program: one per row scanned
@@ -268,7 +271,7 @@ def tree_cases():
         workspace = 2 * (8 * 40 + 32 * 4)
         cases.append(Case(name=f"tree_verify_cuda_{tag}", backend="cuda",
                           source="csrc/tree_verify/tree_verify_kernels.cu", function=r"tree_verify_kernelIf",
-                          bytes_moved=64 * (rows + scalars + workspace), passes=1,
+                          bytes_moved=64 * (rows + scalars + workspace), passes=1, bar_share=4,
                           grid=lambda res: (64 * _tree_parts(res), _tree_parts(res)),
                           loop_pick=_tree_residual_m0_loop if has_q else _tree_sumrace_loop,
                           measure=_measure_tree(has_q, "cuda"), **common))
@@ -439,7 +442,8 @@ def logits_cases():
                                   function=r"36rejection_sample_logits_split_kernelI13__nv_bfloat16S\d_Lb1ELb%dE"
                                   % int(top_p),
                                   grid=lambda res: _logits_grid(res, batch, parts),
-                                  loop_pick=_logits_unit_temperature_loop, dynamic_smem=share, **common))
+                                  loop_pick=_logits_unit_temperature_loop, dynamic_smem=share, bar_share=4,
+                                  **common))
             elif not top_p:
                 cases.append(_logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common))
             else:
@@ -819,19 +823,27 @@ def vocab_parts_for(batch, vocab, resident, threads):
     return max(1, min(by_device, by_vocab))
 
 
-def log_path_fraction(backend, trips, elems_per_trip):
+def log_path_fraction(backend, trips, elems_per_trip, bar_share=0):
     """Expected fraction of a race loop's trips (Triton) or entries (CUDA) on which a warp runs the log path.
 
     Triton (race_tile_update): one best per block, a branch per tile; tile t holds a new best with
-    probability 1/t, so H(trips) of the trips run it. CUDA (race_update): one best per thread, a branch per
-    entry; a thread's n-th entry may win with probability 1/n, and the warp runs that entry's log path when
-    any of its 32 lanes does: 1 - (1 - 1/n)^32. The skip test's small margin is not counted."""
+    probability 1/t, so H(trips) of the trips run it. CUDA (race_update): a branch per entry against a
+    thread's bar; the warp runs an entry's log path when any of its 32 lanes may win there: 1 - (1 - 1/c)^32
+    with c the entries that entry must beat to win, itself included. With one best per thread
+    (bar_share 0) the n-th entry of a thread has c = n; when the lanes raise their bars to the warp's best
+    every bar_share entries (cuda::warp_raise_bar) the n-th entry also competes with the other 31 lanes'
+    entries before the last raise: c = n + 31 * bar_share * floor((n - 1) / bar_share). The skip test's
+    small margin is not counted."""
     if trips <= 0:
         return 0.0
     if backend == "triton":
         return sum(1.0 / t for t in range(1, trips + 1)) / trips
     n_max = max(1, int(round(trips * elems_per_trip)))
-    return sum(1.0 - (1.0 - 1.0 / n) ** 32 for n in range(1, n_max + 1)) / n_max
+
+    def seen(n):
+        return n + (31 * bar_share * ((n - 1) // bar_share) if bar_share else 0)
+
+    return sum(1.0 - (1.0 - 1.0 / seen(n)) ** 32 for n in range(1, n_max + 1)) / n_max
 
 
 def predict(case, res):
@@ -867,7 +879,7 @@ def predict(case, res):
         elems_per_trip = case.elems_per_trip or per_trip_bytes / (streams * case.elem_bytes)
         trips = math.ceil(case.elems_per_pass / per_item / (threads * elems_per_trip)) if elems_per_trip else 0
         # the log path, as often as a warp runs it (log_path_fraction)
-        log_share = log_path_fraction(case.backend, trips, elems_per_trip) if cold else 0.0
+        log_share = log_path_fraction(case.backend, trips, elems_per_trip, case.bar_share) if cold else 0.0
         hot = len(body) - cold + log_share * cold
         warps_total = grid * (threads // 32)
         t_issue += passes * trips * warps_total * hot / (min(grid, SMS) * ISSUE_PER_SM * CLOCK_HZ)

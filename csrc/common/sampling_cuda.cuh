@@ -65,6 +65,19 @@ __device__ __forceinline__ void load4_full(const T* __restrict__ row, int64_t i0
   }
 }
 
+// Raises a racer's bar (race_update in sampling_math.h) to the highest bar of the warp's
+// active lanes, so that every lane skips the entries that cannot beat the best score the
+// warp has reached so far, not only its own: with one best per thread a warp would run an
+// entry's log path whenever any of its 32 lanes may win there. A bar is -1, 0 or a positive
+// (possibly infinite) score; their bit patterns as int32 order as the floats do, so one
+// integer max reduction (REDUX, sm_80 and later) finds it. Any lanes may be active (the
+// last trip of a loop may hold part of a warp). Before sm_80 each lane keeps its own bar.
+__device__ __forceinline__ void warp_raise_bar(float& bar) {
+#if __CUDA_ARCH__ >= 800
+  bar = __int_as_float(__reduce_max_sync(__activemask(), __float_as_int(bar)));
+#endif
+}
+
 __device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {

@@ -221,18 +221,28 @@ __device__ float token_logprob(const T* row, int64_t vocab, int64_t token, const
   return processed_logprob(z, order_key(z), r.tau, log_f(r.total));
 }
 
-// One entry i (logit x, random bits `bits`) of the exponential races over p and, `residual`, over
-// max(p - q, 0) (q_row null: one-hot at `draft`).
+// One entry i (logit x, random bits `bits`) of the exponential race over p (bonus: race.fallback) or,
+// `residual`, over max(p - q, 0) (q_row null: one-hot at `draft`) with its fallback over p
+// (vocab_split.h ResidualRace: p is raced only while no residual score is positive).
 template <typename Q>
-__device__ __forceinline__ void race_entry(ArgMax& best_p, ArgMax& best_r, float x, int64_t i, uint32_t bits,
-                                           const RowStats& r, float temperature, const Q* q_row, int64_t draft,
-                                           bool residual) {
+__device__ __forceinline__ void race_entry(ResidualRace& race, float x, int64_t i, uint32_t bits, const RowStats& r,
+                                           float temperature, const Q* q_row, int64_t draft, bool residual) {
   const float p = stats_prob(x, r, temperature);
-  race_update(best_p, p, bits, i);
   if (residual) {
     const float q = q_row != nullptr ? to_float(q_row[i]) : (i == draft ? 1.f : 0.f);
-    race_update(best_r, residual_mass(p, q), bits, i);
+    residual_race_update(race, p, q, bits, i);
+  } else {
+    bonus_race_update(race, p, bits, i);
   }
+}
+
+// After a group of race_entry: every lane skips against the warp's best so far (the residual's, or
+// the bonus race's; a residual race's fallback keeps its own bar).
+// (Two calls, not one on a selected member: a reference chosen at run time would put the race in
+// local memory.)
+__device__ __forceinline__ void race_share_bar(ResidualRace& race, bool residual) {
+  if (residual) cuda::warp_raise_bar(race.residual_bar);
+  else cuda::warp_raise_bar(race.fallback_bar);
 }
 
 // Exponential race over p (bonus) or max(p - q, 0) (residual; q_row null: one-hot at
@@ -242,19 +252,20 @@ __device__ int64_t row_race(const T* row, const Q* q_row, int64_t draft, bool re
                             const RowStats& r, float temperature, uint64_t seed, uint64_t offset, uint32_t position,
                             Shared& sh) {
   const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
-  ArgMax best_p = argmax_init(), best_r = argmax_init();
+  ResidualRace race = residual_race_init();
   for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
     const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t i = 4 * g + j;
       if (i >= vocab) break;
-      race_entry(best_p, best_r, load_logit(row, i), i, bits.x[j], r, temperature, q_row, draft, residual);
+      race_entry(race, load_logit(row, i), i, bits.x[j], r, temperature, q_row, draft, residual);
     }
+    race_share_bar(race, residual);
   }
-  const ArgMax p_win = cuda::block_argmax(best_p, sh.argmax);
+  const ArgMax p_win = cuda::block_argmax(race.fallback, sh.argmax);
   if (!residual) return p_win.index;
-  const ArgMax r_win = cuda::block_argmax(best_r, sh.argmax);
+  const ArgMax r_win = cuda::block_argmax(race.residual, sh.argmax);
   return r_win.score > 0.f ? r_win.index : p_win.index;
 }
 
@@ -653,7 +664,7 @@ __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_r
   const int groups = static_cast<int>(split_share_entries(c.l, V) / 4);
   const int64_t vthreads = c.l.vthreads, base = c.part * slice;
   const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
-  ArgMax best_p = argmax_init(), best_r = argmax_init();
+  ResidualRace race = residual_race_init();
   for (int q = threadIdx.x; q < groups; q += blockDim.x) {
     const int64_t i0 = share_entry(4 * q, shift, vthreads, base);
     if (i0 >= V) break;  // entries increase with the position
@@ -664,10 +675,11 @@ __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_r
     for (int j = 0; j < 4; ++j) {
       const int64_t i = i0 + j;
       if (i >= V) break;
-      race_entry(best_p, best_r, logit_value(x[j]), i, bits.x[j], r, temperature, q_row, draft, residual);
+      race_entry(race, logit_value(x[j]), i, bits.x[j], r, temperature, q_row, draft, residual);
     }
+    race_share_bar(race, residual);
   }
-  return split_race_winner(best_p, best_r, residual, c, buf, sh);
+  return split_race_winner(race.fallback, race.residual, residual, c, buf, sh);
 }
 
 // Pass: sum of exp((x - m) / T) over the row, rounded as the single-block kernel's block_sum
@@ -741,17 +753,18 @@ __device__ __forceinline__ int64_t split_race(const T* row, const Q* q_row, int6
   float* buf = split_next_buffer(c);
   const GroupRange range = vocab_part(V, c.l.parts, c.part);
   const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
-  ArgMax best_p = argmax_init(), best_r = argmax_init();
+  ResidualRace race = residual_race_init();
   for (int64_t g = range.begin + threadIdx.x; g < range.end; g += blockDim.x) {
     const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t i = 4 * g + j;
       if (i >= V) break;
-      race_entry(best_p, best_r, load_logit(row, i), i, bits.x[j], r, temperature, q_row, draft, residual);
+      race_entry(race, load_logit(row, i), i, bits.x[j], r, temperature, q_row, draft, residual);
     }
+    race_share_bar(race, residual);
   }
-  return split_race_winner(best_p, best_r, residual, c, buf, sh);
+  return split_race_winner(race.fallback, race.residual, residual, c, buf, sh);
 }
 
 // ---- Rows with filters: radix_select (above) with each pass's histogram split over the request's
@@ -1143,6 +1156,7 @@ __global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kern
     // tokens), so that neither carries the other's state through the Philox rounds.
     const auto race = [&](auto mass_of) {
       ArgMax best = argmax_init();
+      float bar = best.score;  // race_update's, raised to the warp's best after every group
       // 32-bit group index (Philox counts groups in 32 bits).
       for (uint32_t g = threadIdx.x; 4 * static_cast<int64_t>(g) < V; g += blockDim.x) {
         const Philox4 bits =
@@ -1151,8 +1165,9 @@ __global__ void __launch_bounds__(kMaxThreads) tree_rejection_sample_logits_kern
         for (int j = 0; j < 4; ++j) {
           const int64_t i = 4 * static_cast<int64_t>(g) + j;
           if (i >= V) break;
-          race_update(best, mass_of(stats_prob(load_logit(row, i), r, s.temperature), i), bits.x[j], i);
+          race_update(best, bar, mass_of(stats_prob(load_logit(row, i), r, s.temperature), i), bits.x[j], i);
         }
+        cuda::warp_raise_bar(bar);
       }
       return cuda::block_argmax(best, sh.argmax).index;
     };

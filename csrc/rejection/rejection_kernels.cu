@@ -111,9 +111,14 @@ __device__ ResidualRace race_range(const T* __restrict__ p_row, const T* __restr
       if (kDenseQ) load4_full<kAligned>(q_row, 4 * (g0 + k * kThreads), qv[k]);
     }
 #pragma unroll
-    for (int k = 0; k < kRaceUnroll<kDenseQ>; ++k)
+    for (int k = 0; k < kRaceUnroll<kDenseQ>; ++k) {
       race_group<kResidual, kDenseQ, false>(race, pv[k], qv[k], g0 + k * kThreads, draft, vocab, seed, offset,
                                             position);
+      // every lane skips against the warp's best so far (after each group: a warp's log paths
+      // fall from ~48% of the entries to ~6% at B=64, bench/roofline.py log_path_fraction); the
+      // fallback of a residual race, read only when no residual has mass, keeps its own bar
+      warp_raise_bar(kResidual ? race.residual_bar : race.fallback_bar);
+    }
   }
   for (int64_t g = g0; g < range.end; g += kThreads) {
     float pv[4], qv[4] = {};
@@ -273,7 +278,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) rejection_sample_kerne
   } else if (greedy) {
     final_token = merge_parts(ws, b, parts, 0, smem).index;
   } else {
-    const ResidualRace race{merge_parts(ws, b, parts, 0, smem), merge_parts(ws, b, parts, 1, smem)};
+    ResidualRace race = residual_race_init();
+    race.residual = merge_parts(ws, b, parts, 0, smem);
+    race.fallback = merge_parts(ws, b, parts, 1, smem);
     final_token = residual_race_winner(race);
   }
 

@@ -138,6 +138,8 @@ struct PassArgs {
 struct Acc {
   ArgMax race;
   ArgMax fallback;
+  float race_bar;      // race_update's bars: raised to the warp's best after every group (warp_raise_bar)
+  float fallback_bar;
   float sum;  // of the current virtual thread
   int count;  // entries with mass (one thread's share of a row: < 2^31)
 };
@@ -150,7 +152,7 @@ __device__ __forceinline__ void entry(Acc& a, const PassArgs& args, float p, flo
     const float mass = prob_mass(p);
     a.sum += mass;
     a.count += mass > 0.f;
-    race_update_excluding(a.race, mass, bits, i, [&](int64_t index) {
+    race_update_excluding(a.race, a.race_bar, mass, bits, i, [&](int64_t index) {
       for (int j = 0; j < args.num_children; ++j)
         if (args.tokens[args.children[j]] == index) return true;
       return false;
@@ -162,10 +164,12 @@ __device__ __forceinline__ void entry(Acc& a, const PassArgs& args, float p, flo
     const float r_next = kM0 ? residual_step(r_m, 1.f, q) : tree_next_residual(r_m, args.z_m, q);
     a.sum += r_next;
     if constexpr (kKind == kResidualRace) {
-      TreeResidualRace race{a.race, a.fallback};
+      TreeResidualRace race{a.race, a.fallback, a.race_bar, a.fallback_bar};
       tree_residual_race_update(race, r_next, r_m, bits, i);
       a.race = race.next;
       a.fallback = race.current;
+      a.race_bar = race.next_bar;
+      a.fallback_bar = race.current_bar;
     }
   }
 }
@@ -187,10 +191,10 @@ __device__ __forceinline__ void group(Acc& a, const PassArgs& args, const float 
       a.sum += mass[j];
       a.count += mass[j] > 0.f;
     }
-    if (race_group_may_update(a.race.score, mass, bits.x)) {
+    if (race_group_may_update(a.race_bar, mass, bits.x)) {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        race_update_excluding(a.race, mass[j], bits.x[j], 4 * g + j, [&](int64_t index) {
+        race_update_excluding(a.race, a.race_bar, mass[j], bits.x[j], 4 * g + j, [&](int64_t index) {
           for (int c = 0; c < args.num_children; ++c)
             if (args.tokens[args.children[c]] == index) return true;
           return false;
@@ -226,7 +230,7 @@ template <int kKind, bool kM0, bool kAligned, int kVThreads, typename T>
 __device__ Acc sweep(const T* __restrict__ p_row, const T* __restrict__ q_row, int64_t vocab,
                      const TreeLayout& layout, int64_t part, const PassArgs& args, PassBuffer* buf) {
   constexpr int U = kUnroll<kKind>;
-  Acc a{argmax_init(), argmax_init(), 0.f, 0};
+  Acc a{argmax_init(), argmax_init(), argmax_init().score, argmax_init().score, 0.f, 0};
   const int64_t vthreads = kVThreads ? kVThreads : layout.vthreads, groups = vocab_groups(vocab), full = vocab / 4;
   for (int h = 0; h < layout.per_thread; ++h) {
     const int64_t first = (part * layout.per_thread + h) * blockDim.x;  // first virtual thread of this round
@@ -240,7 +244,12 @@ __device__ Acc sweep(const T* __restrict__ p_row, const T* __restrict__ q_row, i
         if constexpr (kHasQ<kKind>) load4_full<kAligned>(q_row, 4 * (g + k * vthreads), qv[k]);
       }
 #pragma unroll
-      for (int k = 0; k < U; ++k) group<kKind, kM0, false>(a, args, pv[k], qv[k], g + k * vthreads, vocab);
+      for (int k = 0; k < U; ++k) {
+        group<kKind, kM0, false>(a, args, pv[k], qv[k], g + k * vthreads, vocab);
+        // every lane skips against the warp's best so far (the race, or r_{m+1}'s; the
+        // fallback over r_m, read only when r_{m+1} is empty, keeps its own bar)
+        if constexpr (kKind == kSumRace || kKind == kResidualRace) warp_raise_bar(a.race_bar);
+      }
     }
     for (; g < groups; g += vthreads) {
       float pv[4], qv[4] = {};
