@@ -25,7 +25,8 @@ Model and its assumptions (each one a place where a GPU measurement can correct 
   scores, a running best beaten by its n-th candidate with probability 1/n; Triton races branch per tile
   on a best shared by the block, the CUDA races per entry on a bar per thread, so a warp runs an entry's
   log path when any of its 32 lanes may win there; a bar the lanes raise to the warp's best every few
-  entries, Case.bar_share, makes that rare after the first raise);
+  entries, Case.bar_share, makes that rare after the first raise; behind one skip test per group of
+  entries, Case.skip_group, the group's exact path counts per group and the log paths inside it per entry);
   per element = that count / (elements one thread handles per trip: the bytes of the body's vector loads,
   the streamed rows, over the bytes of one element of every stream). Issue time = trips x warps x instructions / (busy SMs x 4 x clock).
 * Latency time = waves x sequential passes x trips per thread per pass x LATENCY_S: each trip waits for
@@ -125,6 +126,8 @@ class Case:
     dynamic_smem: int = 0        # bytes of dynamic shared memory per block (added to the static for occupancy)
     bar_share: int = 0           # CUDA races: entries a thread races between raises of its bar to the warp's
                                  # best (cuda::warp_raise_bar); 0: each thread skips against its own best only
+    skip_group: int = 1          # CUDA races: entries behind one skip test and branch (race_group_may_update:
+                                 # 4); the group's exact path runs when any of them may win on any lane
 
 
 def _rows(n, elem=4):
@@ -272,6 +275,7 @@ def tree_cases():
         cases.append(Case(name=f"tree_verify_cuda_{tag}", backend="cuda",
                           source="csrc/tree_verify/tree_verify_kernels.cu", function=r"tree_verify_kernelIf",
                           bytes_moved=64 * (rows + scalars + workspace), passes=1, bar_share=4,
+                          skip_group=1 if has_q else 4,  # the one-hot pass tests each group once
                           grid=lambda res: (64 * _tree_parts(res), _tree_parts(res)),
                           loop_pick=_tree_residual_m0_loop if has_q else _tree_sumrace_loop,
                           measure=_measure_tree(has_q, "cuda"), **common))
@@ -633,7 +637,7 @@ def philox_groups(body):
 _HISTOGRAM_BARRIERS = 12
 
 
-def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False):
+def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False, innermost=False):
     """The hot loop of `kind` (see Case.loop) -> (body instructions, cold instruction count) or None.
 
     Kinds: "race" (Philox), "scan" (no Philox, no stores), "copy" (stores), "mma"; for the logits kernels'
@@ -648,7 +652,8 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False):
     race's log path: the largest forward-branch region around each log marker that holds no random bits and
     no loads (the path an entry takes only when it may still win, or when a race is still empty). A shared-memory
     compare-and-swap retry loop counts once, inside the loop around it (no retries: bin contention is not
-    modelled)."""
+    modelled). `innermost`: count the smallest such region around each log marker instead (the log path of
+    one entry, inside a group's exact path: Case.skip_group)."""
     index = {addr: i for i, (addr, _) in enumerate(sass)}
     loops = []
     for i, (addr, ins) in enumerate(sass):
@@ -718,7 +723,8 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False):
                 text = [sass[k][1] for k in range(*region)]
                 if any(PHILOX_CONSTANT in x or load_bytes(x, smem) for x in text):
                     continue  # the region holds hot work (random bits or loads): not a skipped path
-                if best is None or region[1] - region[0] > best[1] - best[0]:
+                size = region[1] - region[0]
+                if best is None or (size < best[1] - best[0] if innermost else size > best[1] - best[0]):
                     best = region
         if best is not None:
             cold.update(range(*best))
@@ -823,7 +829,7 @@ def vocab_parts_for(batch, vocab, resident, threads):
     return max(1, min(by_device, by_vocab))
 
 
-def log_path_fraction(backend, trips, elems_per_trip, bar_share=0):
+def log_path_fraction(backend, trips, elems_per_trip, bar_share=0, group=1):
     """Expected fraction of a race loop's trips (Triton) or entries (CUDA) on which a warp runs the log path.
 
     Triton (race_tile_update): one best per block, a branch per tile; tile t holds a new best with
@@ -832,8 +838,10 @@ def log_path_fraction(backend, trips, elems_per_trip, bar_share=0):
     with c the entries that entry must beat to win, itself included. With one best per thread
     (bar_share 0) the n-th entry of a thread has c = n; when the lanes raise their bars to the warp's best
     every bar_share entries (cuda::warp_raise_bar) the n-th entry also competes with the other 31 lanes'
-    entries before the last raise: c = n + 31 * bar_share * floor((n - 1) / bar_share). The skip test's
-    small margin is not counted."""
+    entries before the last raise: c = n + 31 * bar_share * floor((n - 1) / bar_share). With `group` > 1
+    entries behind one skip test the fraction is that of the groups whose exact path a warp runs: those where
+    any lane may win at any of the group's entries, 1 - prod over its entries of (1 - 1/c)^32. The skip
+    test's small margin is not counted."""
     if trips <= 0:
         return 0.0
     if backend == "triton":
@@ -843,6 +851,10 @@ def log_path_fraction(backend, trips, elems_per_trip, bar_share=0):
     def seen(n):
         return n + (31 * bar_share * ((n - 1) // bar_share) if bar_share else 0)
 
+    if group > 1:
+        runs = [1.0 - math.prod((1.0 - 1.0 / seen(n)) ** 32 for n in range(g0 + 1, min(g0 + group, n_max) + 1))
+                for g0 in range(0, n_max, group)]
+        return sum(runs) / len(runs)
     return sum(1.0 - (1.0 - 1.0 / seen(n)) ** 32 for n in range(1, n_max + 1)) / n_max
 
 
@@ -878,9 +890,15 @@ def predict(case, res):
         per_trip_bytes = sum(vector) or sum(load_bytes(x, smem) for x in body)
         elems_per_trip = case.elems_per_trip or per_trip_bytes / (streams * case.elem_bytes)
         trips = math.ceil(case.elems_per_pass / per_item / (threads * elems_per_trip)) if elems_per_trip else 0
-        # the log path, as often as a warp runs it (log_path_fraction)
+        # the log path, as often as a warp runs it (log_path_fraction); behind a group test (skip_group) the
+        # group's exact path as often as a warp runs that, the entries' log paths inside it per entry
         log_share = log_path_fraction(case.backend, trips, elems_per_trip, case.bar_share) if cold else 0.0
         hot = len(body) - cold + log_share * cold
+        if cold and case.skip_group > 1:
+            inner = hot_loop(res["sass"] or [], kind, streams, case.elem_bytes, case.loop_pick, smem,
+                             innermost=True)[1]
+            group_share = log_path_fraction(case.backend, trips, elems_per_trip, case.bar_share, case.skip_group)
+            hot = len(body) - cold + group_share * (cold - inner) + log_share * inner
         warps_total = grid * (threads // 32)
         t_issue += passes * trips * warps_total * hot / (min(grid, SMS) * ISSUE_PER_SM * CLOCK_HZ)
         if not smem:

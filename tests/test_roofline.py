@@ -5,6 +5,7 @@ where ptxas fails on any spill or local memory (setup.py)."""
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -71,6 +72,11 @@ def test_log_path_fraction_per_tile_and_per_warp():
     # at the chain kernel's B=64 shape (16 trips of 8 entries, raised every group of 4): ~6%, not ~48%
     assert roofline.log_path_fraction("cuda", 16, 8, bar_share=4) < 0.07
     assert roofline.log_path_fraction("cuda", 16, 8) > 0.45
+    # one skip test per group of 4: a group's exact path runs when any lane may win at any of its entries
+    assert roofline.log_path_fraction("cuda", 2, 4, bar_share=4, group=4) == pytest.approx(
+        (1.0 + 1 - math.prod((1 - 1 / c) ** 32 for c in range(129, 133))) / 2)
+    assert roofline.log_path_fraction("cuda", 16, 8, bar_share=4, group=4) > 2 * roofline.log_path_fraction(
+        "cuda", 16, 8, bar_share=4)
 
 
 def test_spills_are_read_from_ptxas_and_fail_the_run():
@@ -95,6 +101,22 @@ def test_hot_loop_is_the_innermost_backward_branch_with_the_loads():
     body, cold = roofline.hot_loop(sass, "race", streams=1)
     assert len(body) == 7 and cold == 2
     assert roofline.hot_loop(sass, "scan", streams=1) is None  # the only loop runs Philox
+    # a group's exact path (skip test per entry inside) around one entry's log path: the largest region
+    # is the group's, the innermost the entry's
+    nested = [(0x00, "MOV R1, R2"),
+              (0x10, "LDG.E.128 R4, desc[UR4][R2.64]"),
+              (0x20, "IMAD.WIDE.U32 R8, R8, -0x2daee0ad, RZ"),
+              (0x30, "@P0 BRA 0x90"),                           # the group's skip test
+              (0x40, "FSETP.GT.AND P2, PT, R3, R9, PT"),       # an entry's skip test
+              (0x50, "@P2 BRA 0x80"),
+              (0x60, "FFMA R3, R3, 0.69314718246459960938, R12"),
+              (0x70, "MUFU.RCP R2, R3"),
+              (0x80, "FMNMX R9, R9, R2, !PT"),
+              (0x90, "FSETP.GT.AND P1, PT, R3, RZ, PT"),
+              (0xa0, "@P1 BRA 0x10"),
+              (0xb0, "EXIT")]
+    assert roofline.hot_loop(nested, "race", streams=1)[1] == 5
+    assert roofline.hot_loop(nested, "race", streams=1, innermost=True)[1] == 2
 
 
 def test_logits_loop_kinds_tell_max_exp_sum_and_histogram_apart():
