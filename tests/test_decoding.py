@@ -19,8 +19,8 @@ pytest.importorskip("transformers")
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import specdec_ops  # noqa: E402
-from specdec_ops.decoding import (ByMatchLength, CopyCursor, CostModel, GenerateOutput, ModelDrafter,  # noqa: E402
-                                  NGramDrafter, SpeculativeDecoder, default_setup)
+from specdec_ops.decoding import (ByMatchLength, CopyCursor, CostModel, ForwardCost, GenerateOutput,  # noqa: E402
+                                  ModelDrafter, NGramDrafter, SpeculativeDecoder, default_setup)
 from specdec_ops.decoding.forward import cache_kwarg  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,6 +99,38 @@ def test_greedy_equals_target_generate_on_ragged_batch(target, small_drafter, ki
         assert stats.target_forwards < max_new * 0.6
         if tree is None:  # greedy chain: every draft matches (the drafter's cache rollback keeps it exact)
             assert stats.accepted_tokens == stats.draft_tokens
+
+
+def test_cost_model_never_pads_past_the_loops_window(target):
+    """A forward cost where wide windows are cheapest (as a loaded machine's timings can make them) pads
+    drafts to the cheapest width, but never past 1 + num_speculative_tokens: the KV cache holds no more
+    (a padded window of 11 once overflowed a cache sized for 4 near the end of max_new_tokens)."""
+    cost = ForwardCost({1: 10.0, 2: 10.0, 4: 10.0, 8: 10.0, 16: 1.0, 32: 1.0})
+    drafter = NGramDrafter(n=3, length=CostModel(cost), rerank=[CopyCursor(4)])
+    decoder = SpeculativeDecoder(target, drafter, num_speculative_tokens=3)
+    widths = []
+    propose = drafter.propose
+
+    def recorded(batch, k, tree, sampling):
+        draft = propose(batch, k, tree, sampling)
+        widths.append(draft.tokens.shape[1])
+        return draft
+
+    drafter.propose = recorded
+    out = decoder.generate(PROMPTS, max_new_tokens=20, eos_token_id=[])
+    assert out.sequences == [reference_greedy(target, p, 20) for p in PROMPTS]
+    assert widths and max(widths) <= 4
+
+
+def test_a_drafters_own_draft_length_fits_the_cache(target):
+    """NGramDrafter(k=8) drafts up to 8 tokens whatever num_speculative_tokens says: the loop sizes its
+    cache for the longer of the two."""
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 9, 9, 9, 9, 9, 9, 9]]
+    decoder = SpeculativeDecoder(target, NGramDrafter(n=2, k=8), num_speculative_tokens=1)
+    out = decoder.generate(prompts, max_new_tokens=24, eos_token_id=[])
+    assert out.sequences == [reference_greedy(target, p, 24) for p in prompts]
+    # a request near its end (high start) beside one drafting 8 tokens (a window of 9) must still fit
+    assert decoder.cache.capacity >= max(map(len, prompts)) + 24 + 9
 
 
 @pytest.mark.parametrize("tree", [None, 5], ids=["chain", "tree"])

@@ -309,12 +309,18 @@ def test_forward_cost_pads_to_a_cheaper_wider_window():
     assert cost.cheapest(1, 5) == (5, pytest.approx(22.5))
     assert cost.cheapest(2, 2) == (2, 20.0)                # two requests of 2 nodes: a 4-token forward
     assert cost.cheapest(2, 1) == (2, 20.0)                # 2 x 1 tokens cost more than 2 x 2
+    # never past the loop's window (`limit`: 1 + k, what its KV cache holds): the cheapest within it
+    assert cost.cheapest(1, 2, 4) == (4, 20.0) and cost.cheapest(1, 2, 3) == (2, 25.0)
+    assert cost.cheapest(1, 3, 2) == (3, 27.0)             # a limit below the width pads nothing
     policy = CostModel(cost)
     assert policy.padded_width(2, 1) == 4 and policy.padded_width(6, 1) == 6
-    drafter = NGramDrafter(length=policy)
+    assert policy.padded_width(2, 1, 3) == 2 and policy.padded_width(2, 1, 4) == 4
     batch = make_batch([[5, 6, 7, 5]])                     # "5" matched at 0: continuation 6 7 5 (3 tokens)
-    draft = drafter.propose(batch, 1, None, None)          # k = 1: one draft token, in a window of 4
-    assert draft.tokens.shape == (1, 4) and draft.num_nodes.tolist() == [2] and draft.tokens[0, :2].tolist() == [5, 6]
+    draft = NGramDrafter(length=policy).propose(batch, 3, None, None)   # k = 3: the whole continuation
+    assert draft.tokens.shape == (1, 4) and draft.num_nodes.tolist() == [4] and draft.tokens[0].tolist() == [5, 6, 7, 5]
+    for k in (1, 2):  # a window of 1 + k at most: 2 or 3 tokens cost more than nothing, so no draft
+        draft = NGramDrafter(length=policy).propose(batch, k, None, None)
+        assert draft.tokens.shape[1] <= 1 + k and draft.num_nodes.tolist() == [1]
 
 
 def test_ngram_drafts_stop_before_end_of_sequence():

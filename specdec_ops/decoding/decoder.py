@@ -131,7 +131,10 @@ class SpeculativeDecoder:
         device = model_device(self.target)
         sampling = SamplingParams.build(len(prompts), device, temperature, top_k, top_p, min_p)
         eos = _eos_set(eos_token_id, self.target)
-        window = 1 + (self.tree if self.tree is not None else self.k)
+        # the widest window a step can verify: a drafter's own draft length (NGramDrafter(k=...)) overrides k
+        own_k = getattr(self.drafter, "k", None)
+        longest = max(self.k, own_k) if isinstance(own_k, int) and not isinstance(own_k, bool) else self.k
+        window = 1 + (self.tree if self.tree is not None else longest)
         capacity = max(len(p) for p in prompts) + max_new_tokens + window + 1
         batch = Batch(prompts, max_new_tokens, eos, request_seeds(seed, len(prompts), device), capacity, device,
                       logprobs=logprobs)

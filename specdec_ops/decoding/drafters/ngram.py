@@ -211,7 +211,7 @@ class NGramDrafter:
             state.drafted = n
         width = 1 + max(len(c) for c in conts)
         if width > 1 and hasattr(self.length, "padded_width"):
-            width = self.length.padded_width(width, len(conts))
+            width = self.length.padded_width(width, len(conts), 1 + k)
         rows = [[t[-1]] + c + [0] * (width - 1 - len(c)) for t, c in zip(batch.history, conts)]
         tokens = torch.tensor(rows, dtype=torch.int64, device=batch.device)
         num_nodes = torch.tensor([1 + len(c) for c in conts], dtype=torch.int64, device=batch.device)

@@ -197,8 +197,10 @@ class ForwardCost:
             cost = _interpolate(points, tokens)
         return max(min(cost, tokens * one), 1e-12)
 
-    def cheapest(self, batch: int, width: int) -> tuple[int, float]:
-        """(padded width >= ``width``, its cost): the cheapest forward of ``batch`` windows of one width."""
+    def cheapest(self, batch: int, width: int, limit: int | None = None) -> tuple[int, float]:
+        """(padded width >= ``width``, its cost): the cheapest forward of ``batch`` windows of one width; with
+        ``limit``, of the widths up to ``limit`` only (the window the decode loop sized its cache for: a
+        draft is never padded past it). Ties go to the narrower width."""
         widest = max(width, -(-self.points()[-1][0] // batch))
         table = self._cheapest.get((batch, widest))
         if table is None:           # suffix minimum over widths 1 .. widest
@@ -208,7 +210,9 @@ class ForwardCost:
                 cost = self(batch * w)
                 table[w] = (w, cost) if cost <= table[w + 1][1] else table[w + 1]
             self._cheapest[(batch, widest)] = table
-        return table[width]
+        if limit is None or table[width][0] <= limit:
+            return table[width]
+        return min(((w, self(batch * w)) for w in range(width, max(width, limit) + 1)), key=lambda wc: (wc[1], wc[0]))
 
 
 def _interpolate(points: list[tuple[int, float]], tokens: int) -> float:
@@ -229,7 +233,8 @@ class CostModel:
     :class:`ForwardCost`, or what builds one (a measured ``{tokens: seconds}`` table from
     :func:`~specdec_ops.decoding.measure_forward_cost`, or ``(fixed, per_token)``); the drafter feeds it
     its timed verify forwards, so it follows the machine's load. A draft of n tokens is verified in a
-    window of ``ForwardCost.cheapest(B, n + 1)`` (padded where a wider forward is cheaper).
+    window of ``ForwardCost.cheapest(B, n + 1, 1 + k)`` (padded where a wider forward is cheaper, never past
+    the loop's window of 1 + k nodes, which its KV cache is sized for).
 
     Request b emits ``E_b(n) = 1 + S_b(1) + ... + S_b(n)`` tokens in expectation when it drafts n tokens,
     where S_b(j), the chance that the first j drafts are accepted, is the product of the hazards (chance
@@ -313,25 +318,25 @@ class CostModel:
             return available
         batch = len(available)
         width = self._best_width([self.expected_tokens(s, m, a) for s, m, a in zip(stats, match_sizes, available)],
-                                 batch, widest)
+                                 batch, widest, k)
         if width == 0 and self.optimism > 0:
-            short = min(widest, self.forward.cheapest(batch, 2)[0] - 1)
+            short = min(widest, self.forward.cheapest(batch, 2, 1 + k)[0] - 1)
             width = self._best_width([self.expected_tokens(s, m, min(a, short), optimistic=True)
-                                      for s, m, a in zip(stats, match_sizes, available)], batch, short)
+                                      for s, m, a in zip(stats, match_sizes, available)], batch, short, k)
         return [min(a, width) for a in available]
 
-    def _best_width(self, gains: list[list[float]], batch: int, widest: int) -> int:
+    def _best_width(self, gains: list[list[float]], batch: int, widest: int, k: int) -> int:
         best, width = -1.0, 0
         for c in range(widest + 1):
-            value = sum(g[min(len(g) - 1, c)] for g in gains) / self.forward.cheapest(batch, c + 1)[1]
+            value = sum(g[min(len(g) - 1, c)] for g in gains) / self.forward.cheapest(batch, c + 1, 1 + k)[1]
             if value > best:
                 best, width = value, c
         return width
 
-    def padded_width(self, width: int, batch: int) -> int:
+    def padded_width(self, width: int, batch: int, limit: int | None = None) -> int:
         """The window to verify ``batch`` drafts of ``width`` nodes (root included) in: the cheapest one at
-        least as wide."""
-        return self.forward.cheapest(batch, width)[0]
+        least as wide and at most ``limit`` (1 + the longest draft the loop allows: its cache holds no more)."""
+        return self.forward.cheapest(batch, width, limit)[0]
 
     def observe(self, stats, match_size, drafted, accepted):
         stats.decay(self.decay)
