@@ -851,11 +851,9 @@ def log_path_fraction(backend, trips, elems_per_trip, bar_share=0, group=1):
     def seen(n):
         return n + (31 * bar_share * ((n - 1) // bar_share) if bar_share else 0)
 
-    if group > 1:
-        runs = [1.0 - math.prod((1.0 - 1.0 / seen(n)) ** 32 for n in range(g0 + 1, min(g0 + group, n_max) + 1))
-                for g0 in range(0, n_max, group)]
-        return sum(runs) / len(runs)
-    return sum(1.0 - (1.0 - 1.0 / seen(n)) ** 32 for n in range(1, n_max + 1)) / n_max
+    runs = [1.0 - math.prod((1.0 - 1.0 / seen(n)) ** 32 for n in range(g0 + 1, min(g0 + group, n_max) + 1))
+            for g0 in range(0, n_max, group)]
+    return sum(runs) / len(runs)
 
 
 def predict(case, res):
@@ -893,12 +891,12 @@ def predict(case, res):
         # the log path, as often as a warp runs it (log_path_fraction); behind a group test (skip_group) the
         # group's exact path as often as a warp runs that, the entries' log paths inside it per entry
         log_share = log_path_fraction(case.backend, trips, elems_per_trip, case.bar_share) if cold else 0.0
-        hot = len(body) - cold + log_share * cold
+        group_share, inner = log_share, cold
         if cold and case.skip_group > 1:
             inner = hot_loop(res["sass"] or [], kind, streams, case.elem_bytes, case.loop_pick, smem,
                              innermost=True)[1]
             group_share = log_path_fraction(case.backend, trips, elems_per_trip, case.bar_share, case.skip_group)
-            hot = len(body) - cold + group_share * (cold - inner) + log_share * inner
+        hot = len(body) - cold + group_share * (cold - inner) + log_share * inner
         warps_total = grid * (threads // 32)
         t_issue += passes * trips * warps_total * hot / (min(grid, SMS) * ISSUE_PER_SM * CLOCK_HZ)
         if not smem:

@@ -114,26 +114,8 @@ template <typename Excluded>
 SPECDEC_HD void race_update_excluding(ArgMax& best, float& bar, float mass, uint32_t bits, int64_t index,
                                       const Excluded& excluded) {
   const bool has_mass = mass > 0.f;
-  const float u = bits_to_uniform(bits);
-  if (has_mass ? race_may_win(mass, u, bar) : !(bar > 0.f)) {
-    if (has_mass && excluded(index)) {
-      if (!(bar > 0.f)) {
-        argmax_update(best, 0.f, index);
-        if (0.f > bar) bar = 0.f;
-      }
-    } else {
-      const float score = has_mass ? mass / uniform_noise(u) : 0.f;
-      argmax_update(best, score, index);
-      if (score > bar) bar = score;
-    }
-  }
-}
-
-template <typename Excluded>
-SPECDEC_HD void race_update_excluding(ArgMax& best, float mass, uint32_t bits, int64_t index,
-                                      const Excluded& excluded) {
-  float bar = best.score;
-  race_update_excluding(best, bar, mass, bits, index, excluded);
+  if (has_mass ? race_may_win(mass, bits_to_uniform(bits), bar) : !(bar > 0.f))
+    race_update(best, bar, has_mass && excluded(index) ? 0.f : mass, bits, index);
 }
 
 // The final token of a node whose children were all rejected (no draft_probs), from

@@ -55,7 +55,8 @@ class Drafter(Protocol):
     def propose(self, batch: Batch, k: int, tree: int | None, sampling: SamplingParams) -> Draft:
         """A chain of at most ``k`` tokens (``tree`` None) or a tree of at most ``tree`` nodes besides the root,
         each path at most ``k`` deep, below each active request's root. Request b drafts at most
-        ``batch.remaining()[b] - 1`` tokens."""
+        ``batch.remaining()[b] - 1`` tokens. A drafter built with its own longer draft length exposes it as an
+        int attribute ``k`` (``NGramDrafter(k=...)``): the loop sizes its KV cache for the longer of the two."""
 
     def commit(self, accepted_path: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """After verification: ``accepted_path`` int [B, N] (node indices 0, a1, .., then -1) and

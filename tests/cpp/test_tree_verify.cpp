@@ -408,9 +408,10 @@ void check_race_excluding() {
       return false;
     };
     ArgMax a = argmax_init(), b = argmax_init();
+    float bar = a.score;
     for (int64_t i = 0; i < V; ++i) {
       const uint32_t bits = philox_block(trial, 3, 1, kPurposeResidual, static_cast<uint32_t>(i >> 2)).x[i & 3];
-      race_update_excluding(a, mass[i], bits, i, excluded);
+      race_update_excluding(a, bar, mass[i], bits, i, excluded);
       race_update(b, excluded(i) ? 0.f : mass[i], bits, i);
     }
     CHECK(a.index == b.index && a.score == b.score);
