@@ -10,6 +10,16 @@ half. Methods, all in this process, with the chat template:
   ngram      SpeculativeDecoder(model, NGramDrafter(), num_speculative_tokens=10): classic prompt lookup
   (--variants adds configurations under study: nocursor = default without CopyCursor, bymatch =
   ByMatchLength((0, 16, 32)) with CopyCursor, k = 32)
+  (--ceiling adds the bounds every drafter in this loop lies between:
+  oracle     a perfect drafter (ReplayDrafter): it drafts the tokens plain generate produced for the
+             prompt, at each step the length that emits most tokens per verify cost (all accepted), at
+             most 32 -- the same window as default; no drafter in this loop can beat it
+  copy       the perfect copier (ReplayDrafter(copy_only=True)): as oracle, but it drafts only the longest
+             start of the true continuation that occurs somewhere in the request's tokens so far (prompt and
+             output): no drafter that copies from the context (prompt lookup of any n, suffix matching,
+             a trie of matches) can beat it
+  nodraft    the loop with no drafts at all (ByMatchLength((0,))): one verify forward per token, the
+             loop's own cost per step against plain generate's)
 Each round runs every method on every prompt, interleaved prompt by prompt (fair under drifting load);
 each (method, prompt) reports its median round. tokens/s = generated tokens / wall time (prefill
 included); ratios of a category are of its summed tokens over its summed time, by wall time and by this
@@ -18,7 +28,7 @@ identical to plain generate's.
 
     python bench/bench_e2e.py [--split all|tune|heldout] [--prompts bench/prompts_heldout.json]
                               [--max-new-tokens 96] [--rounds 2] [--threads 1]
-                              [--json out.json] [--plot out.png] [--variants] [--quick]
+                              [--json out.json] [--plot out.png] [--variants] [--ceiling] [--quick]
     python bench/bench_e2e.py --replot out.json [--plot out.png]
 
 --threads defaults to 1 on CPU: on a small shared machine torch's intra-op threads mostly wait on each
@@ -62,6 +72,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
     parser.add_argument("--target", default=None, help="HF directory or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--variants", action="store_true", help="also run the configurations under study")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="also run the bounds: a perfect drafter (oracle) and no drafter at all (nodraft)")
     parser.add_argument("--plot", default=None, help="save a PNG of the per-category speedups")
     parser.add_argument("--replot", default=None, metavar="JSON",
                         help="only draw --plot from the results a previous --json run saved")
@@ -102,6 +114,15 @@ def main() -> None:
             model, NGramDrafter(n=3, length=ByMatchLength((0, 16, 32)), rerank=[CopyCursor(8)]),
             num_speculative_tokens=32)
 
+    oracle = None
+    if args.ceiling:
+        oracle = ReplayDrafter(setup["drafter"].length.forward)
+        copier = ReplayDrafter(setup["drafter"].length.forward, copy_only=True)
+        decoders["oracle"] = SpeculativeDecoder(model, oracle, num_speculative_tokens=setup["num_speculative_tokens"])
+        decoders["copy"] = SpeculativeDecoder(model, copier, num_speculative_tokens=setup["num_speculative_tokens"])
+        decoders["nodraft"] = SpeculativeDecoder(model, NGramDrafter(length=ByMatchLength((0,))),
+                                                 num_speculative_tokens=1)
+
     def hf(p, lookup=None):
         x = torch.tensor([p], device=args.device)
         extra = {} if lookup is None else {"prompt_lookup_num_tokens": lookup}
@@ -128,6 +149,8 @@ def main() -> None:
         for r in range(rounds):
             for i, p in enumerate(ids):
                 for name, fn in methods.items():
+                    if oracle is not None and runs["plain"][i]:   # plain runs first: the oracles' drafts
+                        oracle.reference = copier.reference = (p, runs["plain"][i][0]["tokens"])
                     with nvtx_range(f"e2e-{name}", args.device):
                         synchronize(args.device)
                         start, cpu = time.perf_counter(), time.process_time()
@@ -160,6 +183,59 @@ def main() -> None:
                        "rows": rows, "summary": summary}, f, indent=1)
     if args.plot or args.json:  # a picture beside the JSON
         plot(summary, list(methods), args.plot or os.path.splitext(args.json)[0] + ".png")
+
+
+class ReplayDrafter:
+    """A perfect drafter, for the ceiling of this loop: it drafts the tokens plain greedy decoding produced
+    (``reference = (prompt, generated tokens)``, set before each run; batch 1), at each step the length n
+    that maximizes (n + 1) / cost(n + 1) by the verify-forward cost ``forward_cost`` (a
+    :class:`~specdec_ops.decoding.ForwardCost`: padded to its cheapest window), every draft accepted when
+    the loop is token-identical to plain generate (a near-tie that is not only costs a rejection).
+
+    ``copy_only``: draft only the longest start of the true continuation that occurs anywhere in the
+    request's tokens so far (the ceiling of every drafter that copies from its context)."""
+
+    vocab_size = None
+
+    def __init__(self, forward_cost, copy_only: bool = False):
+        self.cost = forward_cost
+        self.copy_only = copy_only
+        self.reference: tuple[list[int], list[int]] = ([], [])
+
+    def reset(self, batch, capacity, vocab_size):
+        if len(batch) != 1:
+            raise ValueError("ReplayDrafter drafts for batch 1 only")
+
+    def keep(self, rows):
+        pass
+
+    def commit(self, accepted_path, num_accepted):
+        pass
+
+    def propose(self, batch, k, tree, sampling):
+        from specdec_ops.decoding.types import chain_draft
+        prompt, generated = self.reference
+        history = batch.history[0]
+        done = len(history) - len(prompt)                   # generated so far, the root included
+        cont = generated[done:done + max(min(k, batch.remaining()[0] - 1), 0)]
+        if self.copy_only:
+            cont = cont[:longest_copy(history, cont)]
+        best = max(range(len(cont) + 1), key=lambda n: ((n + 1) / self.cost.cheapest(1, n + 1, 1 + k)[1], -n))
+        width = self.cost.cheapest(1, best + 1, 1 + k)[0]
+        row = [history[-1]] + cont[:best] + [0] * (width - 1 - best)
+        return chain_draft(torch.tensor([row], dtype=torch.int64, device=batch.device),
+                           torch.tensor([1 + best], dtype=torch.int64, device=batch.device))
+
+
+def longest_copy(tokens: list[int], cont: list[int]) -> int:
+    """The largest L such that ``cont[:L]`` occurs as a run of consecutive entries of ``tokens``."""
+    best = 0
+    for s in range(len(tokens)):
+        n = 0
+        while n < len(cont) and s + n < len(tokens) and tokens[s + n] == cont[n]:
+            n += 1
+        best = max(best, n)
+    return best
 
 
 def summarize(rows: list[dict], methods: list[str]) -> dict:

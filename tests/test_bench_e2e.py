@@ -1,0 +1,106 @@
+"""bench/bench_e2e.py's ceiling drafters (--ceiling) on a tiny random-weight HF Llama model.
+
+Proves: the perfect drafter (ReplayDrafter) reproduces plain greedy decoding token for token with every
+draft accepted and one verify forward per window of 1 + k tokens; the perfect copier drafts only the
+longest start of the true continuation found in the request's tokens (``longest_copy``, checked against
+a brute-force search over every substring) and is never worse than the perfect drafter's forwards bound;
+the drafts are as long as the cost table makes worth most.
+"""
+
+import os
+import random
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from bench_e2e import ReplayDrafter, longest_copy  # noqa: E402
+
+from specdec_ops.decoding import ForwardCost, SpeculativeDecoder  # noqa: E402
+
+VOCAB = 50
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None, attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def greedy(model, prompt, n):
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+                         attention_mask=torch.ones_like(ids))
+    return out[0, len(prompt):].tolist()
+
+
+def brute_force_copy(tokens, cont):
+    subs = {()} | {tuple(tokens[i:j]) for i in range(len(tokens)) for j in range(i + 1, len(tokens) + 1)}
+    return max(n for n in range(len(cont) + 1) if tuple(cont[:n]) in subs)
+
+
+def test_longest_copy_equals_a_brute_force_search():
+    rng = random.Random(0)
+    for _ in range(300):
+        tokens = [rng.randrange(4) for _ in range(rng.randrange(0, 12))]
+        cont = [rng.randrange(4) for _ in range(rng.randrange(0, 8))]
+        assert longest_copy(tokens, cont) == brute_force_copy(tokens, cont), (tokens, cont)
+    assert longest_copy([1, 2, 3, 9, 1, 2], [1, 2, 3, 4]) == 3      # a longer run later in cont than the tail
+    assert longest_copy([7, 7], [7, 7, 7]) == 2                       # never past the end of the tokens
+
+
+def test_perfect_drafter_reproduces_greedy_with_every_draft_accepted(target):
+    prompt, new, k = [3, 9, 14, 2, 9, 14], 40, 8
+    expected = greedy(target, prompt, new)
+    drafter = ReplayDrafter(ForwardCost({1: 1.0, 9: 1.0}))       # wider windows cost no more: always k
+    drafter.reference = (prompt, expected)
+    out = SpeculativeDecoder(target, drafter, num_speculative_tokens=k).generate([prompt], max_new_tokens=new)
+    assert out.sequences[0] == expected
+    assert out.stats.accepted_tokens == out.stats.draft_tokens > 0
+    # the prefill emits one token, then every forward 1 + k until fewer are left
+    assert out.stats.target_forwards == -(-(new - 1) // (k + 1))
+
+
+def test_perfect_drafter_drafts_the_length_worth_most(target):
+    prompt, new, k = [3, 9, 14, 2], 30, 8
+    expected = greedy(target, prompt, new)
+    # tokens per cost: 1 / 1.0, 2 / 1.1, 3 / 3.0 ... : two-token windows (one draft) are worth most
+    drafter = ReplayDrafter(ForwardCost({1: 1.0, 2: 1.1, 3: 3.0, 9: 27.0}))
+    drafter.reference = (prompt, expected)
+    out = SpeculativeDecoder(target, drafter, num_speculative_tokens=k).generate([prompt], max_new_tokens=new)
+    assert out.sequences[0] == expected
+    assert out.stats.target_forwards == -(-(new - 1) // 2)                # one draft token per forward,
+    assert out.stats.draft_tokens == (new - 1) // 2                      # none in the last
+
+
+def test_perfect_copier_drafts_only_what_the_context_holds(target):
+    prompt, new, k = [5, 6, 7, 8, 10, 11, 12, 13, 14, 15], 30, 8
+    expected = greedy(target, prompt, new)
+    copier = ReplayDrafter(ForwardCost({1: 1.0, 9: 1.0}), copy_only=True)
+    copier.reference = (prompt, expected)
+    proposed = []
+    propose = copier.propose
+
+    def record(batch, k, tree, sampling):
+        draft = propose(batch, k, tree, sampling)
+        history = list(batch.history[0])
+        n = int(draft.num_nodes[0]) - 1
+        done = len(history) - len(prompt)
+        proposed.append((history, expected[done:done + n], expected[done:done + k]))
+        return draft
+
+    copier.propose = record
+    out = SpeculativeDecoder(target, copier, num_speculative_tokens=k).generate([prompt], max_new_tokens=new)
+    assert out.sequences[0] == expected
+    assert out.stats.accepted_tokens == out.stats.draft_tokens
+    for history, drafted, cont in proposed:
+        remaining = new - (len(history) - len(prompt))
+        assert len(drafted) == min(brute_force_copy(history, cont), max(remaining - 1, 0))
