@@ -28,7 +28,8 @@ identical to plain generate's.
 
     python bench/bench_e2e.py [--split all|tune|heldout] [--prompts bench/prompts_heldout.json]
                               [--max-new-tokens 96] [--rounds 2] [--threads 1]
-                              [--json out.json] [--plot out.png] [--variants] [--ceiling] [--quick]
+                              [--json out.json] [--plot out.png] [--variants] [--ceiling] [--methods a,b]
+                              [--quick]
     python bench/bench_e2e.py --replot out.json [--plot out.png]
 
 --threads defaults to 1 on CPU: on a small shared machine torch's intra-op threads mostly wait on each
@@ -73,7 +74,9 @@ def main() -> None:
     parser.add_argument("--target", default=None, help="HF directory or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--variants", action="store_true", help="also run the configurations under study")
     parser.add_argument("--ceiling", action="store_true",
-                        help="also run the bounds: a perfect drafter (oracle) and no drafter at all (nodraft)")
+                        help="also run the bounds: a perfect drafter (oracle), a perfect copier (copy), no drafter (nodraft)")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods to run (plain and lookup always run: the ratios' bases)")
     parser.add_argument("--plot", default=None, help="save a PNG of the per-category speedups")
     parser.add_argument("--replot", default=None, metavar="JSON",
                         help="only draw --plot from the results a previous --json run saved")
@@ -137,6 +140,12 @@ def main() -> None:
         return run
 
     methods = {"plain": hf, "lookup": lambda p: hf(p, 10), **{name: ours(d) for name, d in decoders.items()}}
+    if args.methods:
+        chosen = set(args.methods.split(",")) | {"plain", "lookup"}
+        unknown = chosen - set(methods)
+        if unknown:
+            parser.error(f"--methods: unknown {sorted(unknown)}; available: {', '.join(methods)}")
+        methods = {name: fn for name, fn in methods.items() if name in chosen}
     print(f"device={args.device} threads={torch.get_num_threads()} max_new_tokens={max_new} split={args.split} "
           f"prompts={len(prompts)} rounds={rounds}", flush=True)
     print("verify forward cost (ms) by tokens: " + ", ".join(f"{t}: {c * 1e3:.0f}" for t, c in cost.items()),
