@@ -74,7 +74,8 @@ def main() -> None:
     parser.add_argument("--target", default=None, help="HF directory or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--variants", action="store_true", help="also run the configurations under study")
     parser.add_argument("--ceiling", action="store_true",
-                        help="also run the bounds: a perfect drafter (oracle), a perfect copier (copy), no drafter (nodraft)")
+                        help="also run the bounds: a perfect drafter (oracle), a perfect copier (copy), "
+                             "no drafter (nodraft)")
     parser.add_argument("--methods", default=None,
                         help="comma-separated methods to run (plain and lookup always run: the ratios' bases)")
     parser.add_argument("--plot", default=None, help="save a PNG of the per-category speedups")
