@@ -50,6 +50,8 @@ from common import base_parser, nvtx_range, synchronize  # noqa: E402
 
 import torch  # noqa: E402
 
+from specdec_ops.decoding.types import chain_draft  # noqa: E402
+
 PROMPTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts.json")
 CATEGORIES = ("rewrite", "code", "extract", "open")
 GROUNDED = ("rewrite", "code", "extract")
@@ -223,15 +225,15 @@ class ReplayDrafter:
         pass
 
     def propose(self, batch, k, tree, sampling):
-        from specdec_ops.decoding.types import chain_draft
         prompt, generated = self.reference
         history = batch.history[0]
         done = len(history) - len(prompt)                   # generated so far, the root included
         cont = generated[done:done + max(min(k, batch.remaining()[0] - 1), 0)]
         if self.copy_only:
             cont = cont[:longest_copy(history, cont)]
-        best = max(range(len(cont) + 1), key=lambda n: ((n + 1) / self.cost.cheapest(1, n + 1, 1 + k)[1], -n))
-        width = self.cost.cheapest(1, best + 1, 1 + k)[0]
+        windows = [self.cost.cheapest(1, n + 1, 1 + k) for n in range(len(cont) + 1)]   # (width, cost)
+        best = max(range(len(cont) + 1), key=lambda n: ((n + 1) / windows[n][1], -n))
+        width = windows[best][0]
         row = [history[-1]] + cont[:best] + [0] * (width - 1 - best)
         return chain_draft(torch.tensor([row], dtype=torch.int64, device=batch.device),
                            torch.tensor([1 + best], dtype=torch.int64, device=batch.device))

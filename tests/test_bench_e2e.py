@@ -3,8 +3,7 @@
 Proves: the perfect drafter (ReplayDrafter) reproduces plain greedy decoding token for token with every
 draft accepted and one verify forward per window of 1 + k tokens; the perfect copier drafts only the
 longest start of the true continuation found in the request's tokens (``longest_copy``, checked against
-a brute-force search over every substring) and is never worse than the perfect drafter's forwards bound;
-the drafts are as long as the cost table makes worth most.
+a brute-force search over every substring); the drafts are as long as the cost table makes worth most.
 """
 
 import os
@@ -15,31 +14,18 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from bench_e2e import ReplayDrafter, longest_copy  # noqa: E402
 
 from specdec_ops.decoding import ForwardCost, SpeculativeDecoder  # noqa: E402
-
-VOCAB = 50
+from test_decoding import reference_greedy as greedy, tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def target():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None, attn_implementation="sdpa")
-    return LlamaForCausalLM(cfg).eval()
-
-
-def greedy(model, prompt, n):
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
-                         attention_mask=torch.ones_like(ids))
-    return out[0, len(prompt):].tolist()
+    return tiny_llama(2, seed=0)
 
 
 def brute_force_copy(tokens, cont):
