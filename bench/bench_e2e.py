@@ -96,8 +96,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from specdec_ops.__main__ import encode_prompt
-    from specdec_ops.decoding import (ByMatchLength, CopyCursor, CostModel, NGramDrafter, SpeculativeDecoder,
-                                      default_setup)
+    from specdec_ops.decoding import (ByMatchLength, CopyCursor, CostModel, MatchLengthPrior, NGramDrafter,
+                                      SpeculativeDecoder, default_setup)
     from specdec_ops.decoding.models import default_target, load_model
 
     rounds = args.rounds or (1 if args.quick else 2)
@@ -114,8 +114,9 @@ def main() -> None:
     decoders = {"default": SpeculativeDecoder(model, **setup),
                 "ngram": SpeculativeDecoder(model, NGramDrafter(), num_speculative_tokens=10)}
     if args.variants:
-        decoders["nocursor"] = SpeculativeDecoder(model, NGramDrafter(n=3, length=CostModel(cost)),
-                                                  num_speculative_tokens=32)
+        nocursor = NGramDrafter(n=32, length=CostModel(cost, prior_hazard=MatchLengthPrior(), optimism=0.0,
+                                                       pool_sizes=False))
+        decoders["nocursor"] = SpeculativeDecoder(model, nocursor, num_speculative_tokens=32)
         decoders["bymatch"] = SpeculativeDecoder(
             model, NGramDrafter(n=3, length=ByMatchLength((0, 16, 32)), rerank=[CopyCursor(8)]),
             num_speculative_tokens=32)

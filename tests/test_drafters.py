@@ -8,7 +8,8 @@ import torch
 from specdec_ops.decoding import (ByMatchLength, CopyCursor, CostModel, FixedLength, Match, NGramDrafter,
                                   find_matches)
 from specdec_ops.decoding.batch import Batch
-from specdec_ops.decoding.drafters import ForwardCost, NGramRequest, RequestStats
+from specdec_ops.decoding.drafters import ForwardCost, MatchLengthPrior, NGramRequest, RequestStats
+from specdec_ops.decoding.drafters.policies import MAX_SIZE_BUCKET, size_bucket
 from specdec_ops.decoding.sampling import request_seeds
 
 
@@ -61,11 +62,52 @@ def test_fixed_and_by_match_length():
 def test_request_stats_record_positions_reached_and_rejected():
     stats = RequestStats()
     stats.record(match_size=3, drafted=5, accepted=2)     # positions 1, 2 accepted, 3 rejected
-    assert stats.reached[3][:3] == [1, 2, 0] and stats.rejected[3][:3] == [0, 1, 0]   # bins 1 | 2-3 | 4-7
+    assert stats.reached[2][:3] == [1, 2, 0] and stats.rejected[2][:3] == [0, 1, 0]   # bins 1 | 2-3 | 4-7
     stats.record(match_size=1, drafted=4, accepted=4)     # all accepted: reached 1..4, nothing rejected
     assert stats.reached[1][:3] == [1, 2, 1] and sum(stats.rejected[1]) == 0
-    stats.record(match_size=9, drafted=1, accepted=0)     # sizes above 3 share bucket 3
-    assert stats.reached[3][0] == 2 and stats.rejected[3][0] == 1
+    stats.record(match_size=2, drafted=1, accepted=0)     # sizes 2 and 3 share bucket 2
+    assert stats.reached[2][0] == 2 and stats.rejected[2][0] == 1
+    stats.record(match_size=40, drafted=1, accepted=0)    # 32 and longer share the last bucket
+    assert stats.reached[MAX_SIZE_BUCKET][0] == 1 and stats.rejected[MAX_SIZE_BUCKET][0] == 1
+
+
+def test_size_bucket_edges():
+    expected = {0: 0, 1: 1, 2: 2, 3: 2, 4: 3, 7: 3, 8: 4, 15: 4, 16: 5, 31: 5, 32: 6, 33: 6, 1000: 6}
+    assert {m: size_bucket(m) for m in expected} == expected
+
+
+def test_match_length_prior_values_and_cost_model_table():
+    prior = MatchLengthPrior(first=0.8, first_ratio=0.5, later=0.3, later_ratio=0.65)
+    assert prior(1, 0) == pytest.approx(0.8) and prior(2, 0) == pytest.approx(0.4) and prior(4, 0) == pytest.approx(0.1)
+    assert prior(1, 1) == pytest.approx(0.3) and prior(3, 5) == pytest.approx(0.3 * 0.65 ** 2)
+    cost = CostModel((10.0, 1.0), prior_hazard=prior, prior_weight=2.0, optimism=0.0, decay=1.0)
+    fresh = RequestStats()
+    # no evidence: the hazards are the prior's for the match's size bucket
+    assert cost.hazards(fresh, 1)[:3] == pytest.approx([0.8, 0.3, 0.3])
+    assert cost.hazards(fresh, 5)[:3] == pytest.approx([0.2, 0.3 * 0.65 ** 2, 0.3 * 0.65 ** 2])   # 5: bucket 3
+    # a longer match drafts longer from the same (empty) evidence
+    short, long = (cost.lengths([fresh], [m], [32], 32)[0] for m in (2, 16))
+    assert short < long
+    for bad in (dict(first=1.0), dict(first=0.0), dict(later=-0.1), dict(first_ratio=0.0), dict(later_ratio=1.5),
+                dict(first=True)):
+        with pytest.raises(ValueError, match="MatchLengthPrior"):
+            MatchLengthPrior(**bad)
+    with pytest.raises(ValueError, match="prior_hazard"):
+        CostModel((1, 1), prior_hazard=lambda bucket, position: 1.0)
+    with pytest.raises(ValueError, match="prior_hazard"):
+        CostModel((1, 1), prior_hazard="0.5")
+
+
+def test_cost_model_pool_sizes():
+    """pool_sizes=False: a request's rejections from short matches do not raise its long matches' hazard."""
+    stats = RequestStats()
+    for _ in range(10):
+        stats.record(1, 4, 0)                              # one-token matches: rejected at once
+    pooled = CostModel((10.0, 1.0), prior_hazard=0.3, optimism=0.0, decay=1.0)
+    apart = CostModel((10.0, 1.0), prior_hazard=0.3, optimism=0.0, decay=1.0, pool_sizes=False)
+    assert pooled.hazards(stats, 8)[0] > 0.5                # the request's pooled hazard pulls size 8 up
+    assert apart.hazards(stats, 8)[0] == pytest.approx(0.3)  # only this size's evidence and the prior
+    assert apart.hazards(stats, 1)[0] == pytest.approx((10 + 2 * 0.3) / (10 + 2))
 
 
 def brute_force_best_width(survive, available, fixed, per_token):

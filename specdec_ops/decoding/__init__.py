@@ -12,13 +12,14 @@ seeds); then ``drafters/`` and ``decoder`` (the loop) side by side; then ``setup
 """
 
 from .decoder import SpeculativeDecoder
-from .drafters import (ByMatchLength, CopyCursor, CostModel, FixedLength, ForwardCost, Match, ModelDrafter,
-                       NGramDrafter, find_matches)
+from .drafters import (ByMatchLength, CopyCursor, CostModel, FixedLength, ForwardCost, Match, MatchLengthPrior,
+                       ModelDrafter, NGramDrafter, find_matches)
 from .sampling import SamplingParams, process_probs
-from .setup import default_setup, measure_forward_cost
+from .setup import default_drafter, default_setup, measure_forward_cost
 from .types import Draft, Drafter, GenerateOutput, GenerationStats
 
-__all__ = ["SpeculativeDecoder", "ModelDrafter", "NGramDrafter", "default_setup", "measure_forward_cost",
-           "Draft", "Drafter", "GenerateOutput", "GenerationStats", "SamplingParams", "process_probs",
+__all__ = ["SpeculativeDecoder", "ModelDrafter", "NGramDrafter", "default_setup", "default_drafter",
+           "measure_forward_cost", "Draft", "Drafter", "GenerateOutput", "GenerationStats", "SamplingParams",
+           "process_probs",
            "find_matches", "Match", "FixedLength", "ByMatchLength", "CostModel", "ForwardCost",
-           "CopyCursor"]
+           "MatchLengthPrior", "CopyCursor"]

@@ -6,28 +6,39 @@ import time
 
 import torch
 
-from .drafters import CopyCursor, CostModel, NGramDrafter
+from .drafters import CopyCursor, CostModel, MatchLengthPrior, NGramDrafter
 from .forward import RaggedKVCache, chain_tree, forward, model_device, model_dtype
 
 DEFAULT_K = 32          # the longest draft; the cost model drafts less whenever that is worth more
 COPY_WINDOW = 8         # CopyCursor: a match resuming the copied text within 8 tokens goes first
+MAX_MATCH = 32          # the longest n-gram matched: a longer match is likelier right (MatchLengthPrior)
 
 
 def default_setup(target_model, tokenizer=None) -> dict:
     """The ``SpeculativeDecoder`` keyword arguments the CLI uses for ``target_model`` on its device.
 
-    Prompt lookup over the request's tokens (``NGramDrafter(n=3)``), the copied text followed through
-    small edits (:class:`CopyCursor`), and each draft as long as the :class:`CostModel` finds worth its
-    verify cost, from the acceptance observed so far and this target's forward cost, measured here on its
-    device (:func:`measure_forward_cost`) and then kept current from the loop's own verify forwards; chain
-    drafts of at most 32 tokens. ``tokenizer`` is accepted
-    for presets that need it (the n-gram drafter works on token ids and does not).
+    Prompt lookup over the request's tokens, matching the longest n-gram up to 32 tokens
+    (``NGramDrafter(n=32)``), the copied text followed through small edits (:class:`CopyCursor`), and each
+    draft as long as the :class:`CostModel` finds worth its verify cost: from the acceptance observed so
+    far per match size, starting from :class:`MatchLengthPrior` (a longer match diverges less; no
+    optimism bonus), and from this target's forward cost, measured here on its device
+    (:func:`measure_forward_cost`) and then kept current from the loop's own verify forwards; chain
+    drafts of at most 32 tokens. ``tokenizer`` is accepted for presets that need it (the n-gram drafter
+    works on token ids and does not). ``python bench/replay_drafters.py`` compares it with the other
+    configurations on the prompt sets in seconds; ``bench/bench_e2e.py`` times it.
 
     Use: ``SpeculativeDecoder(model, **default_setup(model, tokenizer))``.
     """
-    cost = measure_forward_cost(target_model)
-    drafter = NGramDrafter(n=3, length=CostModel(cost), rerank=[CopyCursor(COPY_WINDOW)])
-    return {"drafter": drafter, "num_speculative_tokens": DEFAULT_K, "tree": None}
+    return {"drafter": default_drafter(measure_forward_cost(target_model)), "num_speculative_tokens": DEFAULT_K,
+            "tree": None}
+
+
+def default_drafter(forward_cost) -> NGramDrafter:
+    """The drafter of :func:`default_setup` for a target whose verify forwards cost ``forward_cost`` (a
+    ``{tokens: seconds}`` table as :func:`measure_forward_cost` returns, or what :class:`CostModel` takes):
+    what ``bench/replay_drafters.py`` replays from a recorded table."""
+    length = CostModel(forward_cost, prior_hazard=MatchLengthPrior(), optimism=0.0, pool_sizes=False)
+    return NGramDrafter(n=MAX_MATCH, length=length, rerank=[CopyCursor(COPY_WINDOW)])
 
 
 COST_WIDTHS = (1, 2, 3, 4, 8, 16, 32)   # verify widths timed by measure_forward_cost

@@ -3,8 +3,9 @@ HF model (ModelDrafter). Each implements the Drafter protocol of ``decoding/type
 
 from .model import ModelDrafter
 from .ngram import CopyCursor, Match, NGramDrafter, NGramRequest, find_matches
-from .policies import ByMatchLength, CostModel, DraftLengthPolicy, FixedLength, ForwardCost, RequestStats
+from .policies import (ByMatchLength, CostModel, DraftLengthPolicy, FixedLength, ForwardCost, MatchLengthPrior,
+                       RequestStats)
 
 __all__ = ["NGramDrafter", "ModelDrafter", "find_matches", "Match", "NGramRequest", "CopyCursor",
            "DraftLengthPolicy", "FixedLength", "ByMatchLength", "CostModel", "ForwardCost",
-           "RequestStats"]
+           "MatchLengthPrior", "RequestStats"]

@@ -10,7 +10,8 @@ One interface, called the same way every step for the whole batch::
 
 ``stats`` are the requests' :class:`RequestStats` (acceptance observed so far), ``match_sizes`` the
 n-gram size behind each request's best match (0: no match), ``available`` how many tokens each could
-draft (continuation left, ``max_new_tokens`` and k). Policies:
+draft (continuation left, ``max_new_tokens`` and k). Statistics are kept per match-size bucket
+(:func:`size_bucket`: sizes 1, 2-3, 4-7, 8-15, 16-31, 32+) and draft-position bin. Policies:
 
 - :class:`FixedLength`: k tokens (classic prompt lookup).
 - :class:`ByMatchLength`: a table of lengths by match size, e.g. ``(0, 16, 32)``.
@@ -18,7 +19,8 @@ draft (continuation left, ``max_new_tokens`` and k). Policies:
   the acceptance observed so far (optimistic where evidence is thin, fading where it is old) and the
   cost of a forward over t tokens (:class:`ForwardCost`: measured at start-up, then kept current from
   the loop's own timed forwards); in a batch every request pays for the widest draft, so one shared
-  width is chosen.
+  width is chosen. Its prior is one hazard everywhere or a :class:`MatchLengthPrior` (a longer match
+  diverges less: what ``default_setup`` uses).
 """
 
 from __future__ import annotations
@@ -32,13 +34,19 @@ from typing import Protocol
 
 import specdec_ops as ops
 
-MAX_SIZE_BUCKET = 3   # match sizes 1, 2, 3+ keep separate statistics
+MAX_SIZE_BUCKET = 6   # match sizes grouped by floor(log2 size) + 1: 1, 2-3, 4-7, 8-15, 16-31, 32+
 NUM_BINS = 8          # draft positions j >= 1 grouped by floor(log2 j): 1, 2-3, 4-7, ..., 128+
 
 
 def position_bin(j: int) -> int:
     """Statistics bin of draft position j >= 1."""
     return min(j.bit_length() - 1, NUM_BINS - 1)
+
+
+def size_bucket(match_size: int) -> int:
+    """Statistics bucket of a match of ``match_size`` tokens: 0 (no match), then 1 + floor(log2 size), at
+    most MAX_SIZE_BUCKET (sizes 1 | 2-3 | 4-7 | 8-15 | 16-31 | 32+)."""
+    return min(match_size.bit_length(), MAX_SIZE_BUCKET) if match_size > 0 else 0
 
 
 def _zeros() -> list[list[float]]:
@@ -55,7 +63,7 @@ class RequestStats:
     rejected: list[list[float]] = field(default_factory=lambda: _zeros())
 
     def record(self, match_size: int, drafted: int, accepted: int) -> None:
-        bucket = min(match_size, MAX_SIZE_BUCKET)
+        bucket = size_bucket(match_size)
         for j in range(1, min(accepted + 1, drafted) + 1):
             self.reached[bucket][position_bin(j)] += 1
         if accepted < drafted:
@@ -226,6 +234,37 @@ def _interpolate(points: list[tuple[int, float]], tokens: int) -> float:
     return points[-1][1]
 
 
+class MatchLengthPrior:
+    """Prior hazard of a draft by the size of the match it copies: a match twice as long diverges less.
+
+    ``prior(bucket, position_bin)`` -> the chance that a draft from a match in size ``bucket``
+    (:func:`size_bucket`) is rejected at a position of ``position_bin`` given every earlier position was
+    accepted: ``first * first_ratio ** (bucket - 1)`` at the first draft position, ``later * later_ratio **
+    (bucket - 1)`` past it. The defaults are the rates plain greedy decoding of SmolLM2-135M-Instruct
+    shows on the tuning prompts (``python bench/replay_drafters.py --hazards``: the longest match's
+    continuation against the tokens the target produced, every position of every tuning prompt):
+    a one-token match is wrong at its first token 4 times in 5, each doubling of the match halves that,
+    and past the first token the hazard starts near 0.3 and falls by a third per doubling.
+    """
+
+    def __init__(self, first: float = 0.8, first_ratio: float = 0.5, later: float = 0.3, later_ratio: float = 0.65):
+        for name, value in (("first", first), ("later", later)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
+                raise ops.SpecDecArgumentError(f"MatchLengthPrior {name} must be in (0, 1), got {value!r}")
+        for name, value in (("first_ratio", first_ratio), ("later_ratio", later_ratio)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+                raise ops.SpecDecArgumentError(f"MatchLengthPrior {name} must be in (0, 1], got {value!r}")
+        self.first, self.first_ratio, self.later, self.later_ratio = first, first_ratio, later, later_ratio
+
+    def __call__(self, bucket: int, position: int) -> float:
+        steps = max(bucket, 1) - 1
+        return self.first * self.first_ratio ** steps if position == 0 else self.later * self.later_ratio ** steps
+
+    def __repr__(self) -> str:
+        return (f"MatchLengthPrior(first={self.first}, first_ratio={self.first_ratio}, later={self.later}, "
+                f"later_ratio={self.later_ratio})")
+
+
 class CostModel:
     """The draft length that maximizes expected emitted tokens per verify cost.
 
@@ -241,7 +280,11 @@ class CostModel:
     of a rejection at position i given all before accepted) per position bin. A hazard is estimated from
     this request's drafts from matches of this size, smoothed towards the request's hazard over all match
     sizes, that towards the hazard of this match size over every request the policy has seen (``shared``)
-    and that towards ``prior_hazard``, each with ``prior_weight`` pseudo-observations. Optimism under
+    and that towards the prior, each with ``prior_weight`` pseudo-observations (``pool_sizes=False`` skips
+    the request's hazard over all match sizes: with a prior that tells match sizes apart, a request's
+    evidence from one size says little about another). The prior is
+    ``prior_hazard``: one hazard for every match size and position, or a callable ``(size bucket,
+    position bin) -> hazard`` such as :class:`MatchLengthPrior`. Optimism under
     uncertainty: past the first position the policy uses ``h - optimism * sqrt(h (1 - h) / (n +
     prior_weight))`` (n: drafts of this request that reached the position), so a draft that is accepted
     grows until the evidence says where it breaks; at the first position, which decides whether a draft
@@ -257,10 +300,19 @@ class CostModel:
     """
 
     def __init__(self, forward_cost, prior_hazard: float = 0.6, prior_weight: float = 2.0, optimism: float = 0.5,
-                 decay: float = 0.97, shared_decay: float = 0.99):
+                 decay: float = 0.97, shared_decay: float = 0.99, pool_sizes: bool = True):
         self.forward = forward_cost if isinstance(forward_cost, ForwardCost) else ForwardCost(forward_cost)
-        if not 0.0 < prior_hazard < 1.0:
-            raise ops.SpecDecArgumentError(f"prior_hazard must be in (0, 1), got {prior_hazard!r}")
+        if callable(prior_hazard):
+            table = [[prior_hazard(b, i) for i in range(NUM_BINS)] for b in range(MAX_SIZE_BUCKET + 1)]
+            if not all(isinstance(h, (int, float)) and 0.0 < h < 1.0 for row in table for h in row):
+                raise ops.SpecDecArgumentError(f"prior_hazard {prior_hazard!r} must give a hazard in (0, 1) for every "
+                                               f"(size bucket, position bin)")
+        elif isinstance(prior_hazard, bool) or not isinstance(prior_hazard, (int, float)) \
+                or not 0.0 < prior_hazard < 1.0:
+            raise ops.SpecDecArgumentError(f"prior_hazard must be in (0, 1) or a callable (size bucket, position bin) "
+                                           f"-> hazard, got {prior_hazard!r}")
+        else:
+            table = [[float(prior_hazard)] * NUM_BINS for _ in range(MAX_SIZE_BUCKET + 1)]
         if not prior_weight > 0.0:
             raise ops.SpecDecArgumentError(f"prior_weight must be > 0, got {prior_weight!r}")
         if not 0.0 <= optimism:
@@ -269,6 +321,8 @@ class CostModel:
             if not 0.0 < value <= 1.0:
                 raise ops.SpecDecArgumentError(f"{name} must be in (0, 1], got {value!r}")
         self.prior_hazard, self.prior_weight, self.optimism, self.decay = prior_hazard, prior_weight, optimism, decay
+        self._prior = table                # [size bucket][position bin]
+        self.pool_sizes = bool(pool_sizes)
         self.shared_decay = shared_decay
         self.shared = RequestStats()       # every request's drafts: the prior of a request's own estimates
 
@@ -284,13 +338,15 @@ class CostModel:
     def hazards(self, stats: RequestStats, match_size: int, optimistic: bool = False) -> list[float]:
         """Per position bin: the chance of a rejection there given every earlier draft accepted: the smoothed
         estimate less the uncertainty bonus, at the first position only when ``optimistic``."""
-        bucket = min(match_size, MAX_SIZE_BUCKET)
+        bucket = size_bucket(match_size)
         w = self.prior_weight
         out = []
         shared = self.shared
+        prior = self._prior[bucket]
         for i in range(NUM_BINS):
-            across = (shared.rejected[bucket][i] + w * self.prior_hazard) / (shared.reached[bucket][i] + w)
-            pooled = ((sum(r[i] for r in stats.rejected) + w * across) / (sum(r[i] for r in stats.reached) + w))
+            across = (shared.rejected[bucket][i] + w * prior[i]) / (shared.reached[bucket][i] + w)
+            pooled = ((sum(r[i] for r in stats.rejected) + w * across) / (sum(r[i] for r in stats.reached) + w)
+                      if self.pool_sizes else across)
             reached = stats.reached[bucket][i]
             h = (stats.rejected[bucket][i] + w * pooled) / (reached + w)
             if optimistic or i > 0:
