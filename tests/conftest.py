@@ -40,10 +40,11 @@ def cpu_backend(request):
 
 def compile_ahead_of_time(script: str) -> None:
     """Run tests/<script> (it compiles Triton kernels for sm_90 and prints "compiled") in a subprocess
-    without TRITON_INTERPRET: the interpreter never runs Triton's code generator, the real compiler does."""
+    without TRITON_INTERPRET: the interpreter never runs Triton's code generator, the real compiler does.
+    The limit is generous: the logits kernels' compile took over 300 s on a loaded 2-core machine."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), env.get("PYTHONPATH", "")])
     result = subprocess.run([sys.executable, os.path.join(here, script)], env=env, capture_output=True, text=True,
-                            timeout=300)
+                            timeout=1200)
     assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
