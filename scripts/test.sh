@@ -18,4 +18,12 @@ ctest --test-dir "$ROOT/build/ctest" --output-on-failure
 
 echo "== pytest"
 export TRITON_INTERPRET="${TRITON_INTERPRET:-$(python -c 'import torch; print(0 if torch.cuda.is_available() else 1)')}"
-python -m pytest -q -p no:cacheprovider "$ROOT/tests" "$@"
+# Two pytest workers (pytest-xdist) keep both cores busy; SPECDEC_TEST_WORKERS=1 runs in one process. Each
+# worker's torch gets one thread, so that two workers do not oversubscribe the cores.
+WORKERS="${SPECDEC_TEST_WORKERS:-2}"
+XDIST=()
+if [ "$WORKERS" != 1 ] && python -c "import xdist" 2> /dev/null; then
+  XDIST=(-n "$WORKERS" --dist worksteal)
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+fi
+python -m pytest -q -p no:cacheprovider "${XDIST[@]}" "$ROOT/tests" "$@"

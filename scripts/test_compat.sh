@@ -7,7 +7,8 @@
 #   floor   Python 3.11, setuptools 64.0.0 (the declared minimum there), torch 2.13.0 CPU: the metadata and
 #           build-precondition tests (tests/test_build.py) only
 # For oldest and newest: `pip install --no-build-isolation -e .` (the README's command) compiling the CUDA
-# kernels for sm_90 (the GPU machine's H200) when nvcc is here, then the CPU and Triton-interpreter tests
+# kernels for sm_90 (the GPU machine's H200) when nvcc is here and the combination is in $SPECDEC_COMPAT_CUDA
+# (default both; CI: oldest, the GPU machine's torch), then the CPU and Triton-interpreter tests
 # of $SPECDEC_COMPAT_TESTS. CUDA torch wheels come from the package index (about 3 GB with their nvidia-*
 # packages per combination, 1 to 5 minutes), so /etc/xdg/pip's cap on torch is lifted here. pip's own cache
 # keeps nothing on this machine, so every wheel is first `pip download`ed into a wheelhouse,
@@ -28,6 +29,9 @@ STRICT="${SPECDEC_COMPAT_STRICT:-0}"
 DIR="${SPECDEC_COMPAT_DIR:-$ROOT/build/compat}"
 TESTS="${SPECDEC_COMPAT_TESTS:-tests/test_build.py tests/test_rejection.py tests/test_tree_rejection.py tests/test_tree_attention.py tests/test_kv_commit.py tests/test_tree_mask.py tests/test_logits.py tests/test_triton_versions.py tests/test_triton_layout.py}"
 ARCHS="${SPECDEC_COMPAT_ARCHS:-9.0}"
+# The combinations that compile the CUDA kernels (space-separated; empty: none). The .cu files include no torch
+# headers, so what a CUDA build adds per torch version is the op files' CUDA glue (c10/cuda, ATen/cuda headers).
+CUDA_COMBOS="${SPECDEC_COMPAT_CUDA-oldest newest}"
 # name python torch triton setuptools ("newest": whatever the index has that torch accepts)
 COMBOS=(
   "oldest 3.12 2.11.0 3.6.0 66.1.0"
@@ -147,11 +151,11 @@ PY
     return 0
   fi
   local cuda=0
-  if [ "${SPECDEC_NO_CUDA:-0}" = "0" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] \
+  if [ "${SPECDEC_NO_CUDA:-0}" = "0" ] && [[ " $CUDA_COMBOS " == *" $name "* ]] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] \
      && "$py" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"; then cuda=1; fi
   say "$name: pip install --no-build-isolation -e . ($([ $cuda = 1 ] && echo "CUDA kernels for sm_${ARCHS/./}, " )log: $work/build.log)"
   local t0=$SECONDS
-  if ! TORCH_CUDA_ARCH_LIST="$ARCHS" MAX_JOBS="${MAX_JOBS:-2}" "$venv/bin/pip" install --no-build-isolation -e . \
+  if ! SPECDEC_NO_CUDA=$((1 - cuda)) TORCH_CUDA_ARCH_LIST="$ARCHS" MAX_JOBS="${MAX_JOBS:-2}" "$venv/bin/pip" install --no-build-isolation -e . \
        > "$work/build.log" 2>&1; then
     say "$name: BUILD FAILED (tail of $work/build.log follows)"; grep -v "is ignored" "$work/build.log" | tail -25
     cd "$ROOT"; return 1
