@@ -18,6 +18,9 @@ half. Methods, all in this process, with the chat template:
              start of the true continuation that occurs somewhere in the request's tokens so far (prompt and
              output): no drafter that copies from the context (prompt lookup of any n, suffix matching,
              a trie of matches) can beat it
+  match      the perfect prompt lookup (ReplayDrafter(match_only=True)): as copy, but only continuations
+             that follow an earlier occurrence of the last token (every n-gram match's, any n, any tie
+             rule): no prompt-lookup drafter, whatever its length policy, can beat it
   nodraft    the loop with no drafts at all (ByMatchLength((0,))): one verify forward per token, the
              loop's own cost per step against plain generate's)
 Each round runs every method on every prompt, interleaved prompt by prompt (fair under drifting load);
@@ -76,7 +79,7 @@ def main() -> None:
     parser.add_argument("--target", default=None, help="HF directory or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--variants", action="store_true", help="also run the configurations under study")
     parser.add_argument("--ceiling", action="store_true",
-                        help="also run the bounds: a perfect drafter (oracle), a perfect copier (copy), "
+                        help="also run the bounds: a perfect drafter (oracle), a perfect copier (copy), a perfect prompt lookup (match), "
                              "no drafter (nodraft)")
     parser.add_argument("--methods", default=None,
                         help="comma-separated methods to run (plain and lookup always run: the ratios' bases)")
@@ -125,8 +128,10 @@ def main() -> None:
     if args.ceiling:
         oracle = ReplayDrafter(setup["drafter"].length.forward)
         copier = ReplayDrafter(setup["drafter"].length.forward, copy_only=True)
+        matcher = ReplayDrafter(setup["drafter"].length.forward, match_only=True)
         decoders["oracle"] = SpeculativeDecoder(model, oracle, num_speculative_tokens=setup["num_speculative_tokens"])
         decoders["copy"] = SpeculativeDecoder(model, copier, num_speculative_tokens=setup["num_speculative_tokens"])
+        decoders["match"] = SpeculativeDecoder(model, matcher, num_speculative_tokens=setup["num_speculative_tokens"])
         decoders["nodraft"] = SpeculativeDecoder(model, NGramDrafter(length=ByMatchLength((0,))),
                                                  num_speculative_tokens=1)
 
@@ -163,7 +168,7 @@ def main() -> None:
             for i, p in enumerate(ids):
                 for name, fn in methods.items():
                     if oracle is not None and runs["plain"][i]:   # plain runs first: the oracles' drafts
-                        oracle.reference = copier.reference = (p, runs["plain"][i][0]["tokens"])
+                        oracle.reference = copier.reference = matcher.reference = (p, runs["plain"][i][0]["tokens"])
                     with nvtx_range(f"e2e-{name}", args.device):
                         synchronize(args.device)
                         start, cpu = time.perf_counter(), time.process_time()
@@ -206,13 +211,19 @@ class ReplayDrafter:
     the loop is token-identical to plain generate (a near-tie that is not only costs a rejection).
 
     ``copy_only``: draft only the longest start of the true continuation that occurs anywhere in the
-    request's tokens so far (the ceiling of every drafter that copies from its context)."""
+    request's tokens so far (the ceiling of every drafter that copies from its context).
+    ``match_only``: draft only the longest start of the true continuation that follows an earlier
+    occurrence of the request's last token (the ceiling of prompt lookup: every n-gram match, of any n
+    and by any tie rule, continues after such an occurrence, and no length policy drafts better)."""
 
     vocab_size = None
 
-    def __init__(self, forward_cost, copy_only: bool = False):
+    def __init__(self, forward_cost, copy_only: bool = False, match_only: bool = False):
+        if copy_only and match_only:
+            raise ValueError("ReplayDrafter: copy_only and match_only exclude each other")
         self.cost = forward_cost
         self.copy_only = copy_only
+        self.match_only = match_only
         self.reference: tuple[list[int], list[int]] = ([], [])
 
     def reset(self, batch, capacity, vocab_size):
@@ -232,6 +243,8 @@ class ReplayDrafter:
         cont = generated[done:done + max(min(k, batch.remaining()[0] - 1), 0)]
         if self.copy_only:
             cont = cont[:longest_copy(history, cont)]
+        elif self.match_only:
+            cont = cont[:longest_match_continuation(history, cont)]
         windows = [self.cost.cheapest(1, n + 1, 1 + k) for n in range(len(cont) + 1)]   # (width, cost)
         best = max(range(len(cont) + 1), key=lambda n: ((n + 1) / windows[n][1], -n))
         width = windows[best][0]
@@ -246,6 +259,20 @@ def longest_copy(tokens: list[int], cont: list[int]) -> int:
     for s in range(len(tokens)):
         n = 0
         while n < len(cont) and s + n < len(tokens) and tokens[s + n] == cont[n]:
+            n += 1
+        best = max(best, n)
+    return best
+
+
+def longest_match_continuation(tokens: list[int], cont: list[int]) -> int:
+    """The largest L such that ``cont[:L]`` equals the tokens right after an earlier occurrence of
+    ``tokens[-1]`` (what prompt lookup can draft: the continuation of an n-gram match, n >= 1)."""
+    best = 0
+    for end in range(len(tokens) - 1):
+        if tokens[end] != tokens[-1]:
+            continue
+        n = 0
+        while n < len(cont) and end + 1 + n < len(tokens) and tokens[end + 1 + n] == cont[n]:
             n += 1
         best = max(best, n)
     return best

@@ -30,8 +30,8 @@ repository); ``--generate`` makes them with SmolLM2-135M-Instruct (chat template
 
 Configurations: lookup (the modelled transformers prompt lookup), ngram (``NGramDrafter()``, k=10:
 classic prompt lookup), default (``default_drafter``: what the CLI runs), n3 (the earlier default:
-n=3, ``CostModel`` with one prior hazard, ``CopyCursor(8)``), copy and oracle (the ceilings: the perfect
-copier and the perfect drafter of ``bench_e2e.py --ceiling``). By default one drafter object serves
+n=3, ``CostModel`` with one prior hazard, ``CopyCursor(8)``), match, copy and oracle (the ceilings: the
+perfect prompt lookup, the perfect copier and the perfect drafter of ``bench_e2e.py --ceiling``). By default one drafter object serves
 every prompt of a set in order, as ``bench_e2e.py`` reuses its decoders (``--fresh``: a new drafter per
 prompt, as one CLI call).
 """
@@ -72,6 +72,7 @@ def configurations(cost: dict[int, float]) -> dict:
         "ngram": (lambda: NGramDrafter(), 10),
         "n3": (lambda: NGramDrafter(n=3, length=CostModel(cost), rerank=[CopyCursor(8)]), DEFAULT_K),
         "default": (lambda: default_drafter(cost), DEFAULT_K),
+        "match": (lambda: ReplayDrafter(ForwardCost(cost), match_only=True), DEFAULT_K),
         "copy": (lambda: ReplayDrafter(ForwardCost(cost), copy_only=True), DEFAULT_K),
         "oracle": (lambda: ReplayDrafter(ForwardCost(cost)), DEFAULT_K),
     }
@@ -319,7 +320,7 @@ def main() -> None:
     parser.add_argument("--generate", action="store_true", help="make the references with the model first")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--target", default=None, help="HF directory or .gguf for --generate")
-    parser.add_argument("--configs", default="lookup,ngram,n3,default,copy,oracle")
+    parser.add_argument("--configs", default="lookup,ngram,n3,default,match,copy,oracle")
     parser.add_argument("--cost-from", default=None,
                         help="take the forward-cost table from a bench_e2e JSON (config.forward_cost) instead")
     parser.add_argument("--step-overhead", type=float, default=STEP_OVERHEAD_S, help="seconds per step")

@@ -3,7 +3,9 @@
 Proves: the perfect drafter (ReplayDrafter) reproduces plain greedy decoding token for token with every
 draft accepted and one verify forward per window of 1 + k tokens; the perfect copier drafts only the
 longest start of the true continuation found in the request's tokens (``longest_copy``, checked against
-a brute-force search over every substring); the drafts are as long as the cost table makes worth most.
+a brute-force search over every substring), the perfect prompt lookup only the longest one that follows an
+earlier occurrence of the last token (``longest_match_continuation``, against every n-gram match's
+continuation); the drafts are as long as the cost table makes worth most.
 """
 
 import os
@@ -17,7 +19,7 @@ pytest.importorskip("transformers")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from bench_e2e import ReplayDrafter, longest_copy  # noqa: E402
+from bench_e2e import ReplayDrafter, longest_copy, longest_match_continuation  # noqa: E402
 
 from specdec_ops.decoding import ForwardCost, SpeculativeDecoder  # noqa: E402
 from test_decoding import reference_greedy as greedy, tiny_llama  # noqa: E402
@@ -41,6 +43,31 @@ def test_longest_copy_equals_a_brute_force_search():
         assert longest_copy(tokens, cont) == brute_force_copy(tokens, cont), (tokens, cont)
     assert longest_copy([1, 2, 3, 9, 1, 2], [1, 2, 3, 4]) == 3      # a longer run later in cont than the tail
     assert longest_copy([7, 7], [7, 7, 7]) == 2                       # never past the end of the tokens
+
+
+def brute_force_match(tokens, cont):
+    """Longest start of cont equal to the continuation of some n-gram match (n >= 1) of tokens' suffix."""
+    best = 0
+    for n in range(1, len(tokens)):
+        for end in range(n - 1, len(tokens) - 1):
+            if tokens[end - n + 1:end + 1] == tokens[len(tokens) - n:]:
+                follow = tokens[end + 1:]
+                best = max(best, max(i for i in range(len(cont) + 1) if cont[:i] == follow[:i]))
+    return best
+
+
+def test_longest_match_continuation_equals_every_ngram_matchs_continuation():
+    rng = random.Random(1)
+    for _ in range(300):
+        tokens = [rng.randrange(3) for _ in range(rng.randrange(0, 12))]
+        cont = [rng.randrange(3) for _ in range(rng.randrange(0, 8))]
+        got = longest_match_continuation(tokens, cont)
+        assert got == brute_force_match(tokens, cont), (tokens, cont)
+        assert got <= longest_copy(tokens, cont)
+    # the run [2, 3] occurs in the tokens, but not after an occurrence of the last token 9
+    assert longest_match_continuation([1, 2, 3, 4, 9], [2, 3]) == 0 and longest_copy([1, 2, 3, 4, 9], [2, 3]) == 2
+    assert longest_match_continuation([9, 2, 3, 4, 9], [2, 3, 5]) == 2
+    assert longest_match_continuation([9, 9], [9, 9, 9]) == 1       # never past the end of the tokens
 
 
 def test_perfect_drafter_reproduces_greedy_with_every_draft_accepted(target):
@@ -90,3 +117,30 @@ def test_perfect_copier_drafts_only_what_the_context_holds(target):
     for history, drafted, cont in proposed:
         remaining = new - (len(history) - len(prompt))
         assert len(drafted) == min(brute_force_copy(history, cont), max(remaining - 1, 0))
+
+
+def test_perfect_prompt_lookup_drafts_only_what_follows_a_match(target):
+    prompt, new, k = [5, 6, 7, 8, 10, 11, 12, 13, 14, 15], 30, 8
+    expected = greedy(target, prompt, new)
+    matcher = ReplayDrafter(ForwardCost({1: 1.0, 9: 1.0}), match_only=True)
+    matcher.reference = (prompt, expected)
+    proposed = []
+    propose = matcher.propose
+
+    def record(batch, k, tree, sampling):
+        draft = propose(batch, k, tree, sampling)
+        history = list(batch.history[0])
+        n = int(draft.num_nodes[0]) - 1
+        done = len(history) - len(prompt)
+        proposed.append((history, n, expected[done:done + k]))
+        return draft
+
+    matcher.propose = record
+    out = SpeculativeDecoder(target, matcher, num_speculative_tokens=k).generate([prompt], max_new_tokens=new)
+    assert out.sequences[0] == expected
+    assert out.stats.accepted_tokens == out.stats.draft_tokens
+    for history, n, cont in proposed:
+        remaining = new - (len(history) - len(prompt))
+        assert n == min(brute_force_match(history, cont), max(remaining - 1, 0))
+    with pytest.raises(ValueError, match="exclude"):
+        ReplayDrafter(ForwardCost({1: 1.0}), copy_only=True, match_only=True)

@@ -78,11 +78,12 @@ def test_ceilings_bound_the_drafters_on_a_synthetic_set():
         {"set": "s", "category": c, "split": "tune", "ids": prompt, "generated": generated}
         for c in ("rewrite", "open")]}
     cost = {1: 1.0, 4: 1.2, 8: 1.5, 16: 2.0, 32: 3.0}
-    names = ["lookup", "ngram", "n3", "default", "copy", "oracle"]
+    names = ["lookup", "ngram", "n3", "default", "match", "copy", "oracle"]
     rows = run_all(refs, cost, names, fresh=True, step_overhead=0.0)
     forwards = {r["method"]: r["forwards"] for r in rows if r["category"] == "rewrite"}
     assert forwards["plain"] == len(generated) - 1
-    assert forwards["oracle"] <= forwards["copy"] <= min(forwards[m] for m in ("lookup", "ngram", "n3", "default"))
+    assert forwards["oracle"] <= forwards["copy"] <= forwards["match"]
+    assert forwards["match"] <= min(forwards[m] for m in ("lookup", "ngram", "n3", "default"))
     assert all(r["tokens"] == len(generated) for r in rows)
     summary = summarize(rows, names)["s"]
     assert summary["rewrite"]["plain"]["vs_plain"] == 1.0 and summary["rewrite"]["lookup"]["vs_lookup"] == 1.0
