@@ -74,6 +74,8 @@ def _resolve_uncached(backend: str | None, device: torch.device, op: str, native
         if why is not None:
             raise BackendUnavailableError(f"{op}: {why}")
         return backend
+    if device.type == "meta" and native_op is not None and _ops.has_kernel(native_op, "Meta"):
+        return "cpu"      # the native op's meta kernel: output shapes and dtypes, no data
     order: Sequence[str] = ("cuda", "triton") if device.type == "cuda" else ("cpu",)
     for candidate in order:
         if _why_unavailable(candidate, device, op, native_op, triton_op) is None:

@@ -56,7 +56,8 @@ def tree_rejection_sample(
     num_nodes : int32 | int64 [B], optional
         Nodes per request, in [1, N], root included; nodes >= num_nodes[b] are
         padding. None means N.
-    draft_probs : [B, N, V] of target_probs' dtype, optional
+    draft_probs : [B, N, V] float32 / bfloat16 / float16, optional (another dtype than
+        target_probs' makes both be read as float32: a copy)
         Row u is q_u, the distribution u's children were drawn from. None means
         deterministic children (accept with probability p'(x) / sum(p')).
     seeds, offsets : int64 [B], optional
@@ -107,9 +108,10 @@ def tree_rejection_sample(
     check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "target_probs")
     if draft_probs is not None:
         check_shape(draft_probs, (batch, nodes, vocab), "draft_probs", "[B, N, V]")
-        if draft_probs.dtype != target_probs.dtype:
-            fail(f"draft_probs must have the dtype of target_probs ({target_probs.dtype}), got {draft_probs.dtype}")
+        check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
         check_device(draft_probs, device, "draft_probs", "target_probs")
+        if draft_probs.dtype != target_probs.dtype:   # as rejection_sample: both read as float32 (a copy)
+            target_probs, draft_probs = target_probs.float(), draft_probs.float()
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
     backend = resolve_backend(backend, device, "tree_rejection_sample", native_op="tree_rejection_sample",

@@ -128,6 +128,20 @@ def test_half_precision_inputs(dtype):
         assert_same(run(case, "cpu"), run(case, "reference"))
 
 
+def test_mixed_probability_dtypes_are_read_as_float32(cpu_backend):
+    # a float16 target with float32 (or bfloat16) draft probabilities: both read as float32, as rejection_sample
+    case = random_case(batch=8, nodes=9, vocab=40, draft=True, seed=6)
+    case["target_probs"] = case["target_probs"].half()
+    want = run(case, "reference", target_probs=case["target_probs"].float())
+    assert_same(run(case, cpu_backend), want)
+    if cpu_backend != "triton":       # the Triton interpreter has no bfloat16 arithmetic
+        got = run(case, cpu_backend, draft_probs=case["draft_probs"].bfloat16())
+        assert_same(got, run(case, "reference", target_probs=case["target_probs"].float(),
+                             draft_probs=case["draft_probs"].bfloat16().float()))
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match="draft_probs"):
+        run(case, cpu_backend, draft_probs=case["draft_probs"].double())
+
+
 def test_int32_index_inputs(cpu_backend):
     case = random_case(batch=4, nodes=7, vocab=16, seed=4)
     want = run(case, "reference")
