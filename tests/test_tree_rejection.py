@@ -499,7 +499,7 @@ def _valid(batch=2, nodes=4, vocab=8):
     ("num_nodes", torch.ones(3, dtype=torch.int64), "num_nodes"),
     ("num_nodes", torch.ones(2), "num_nodes"),
     ("draft_probs", torch.rand(2, 4, 7), "draft_probs"),
-    ("draft_probs", torch.rand(2, 4, 8, dtype=torch.float16), "draft_probs"),
+    ("draft_probs", torch.rand(2, 4, 8, dtype=torch.float64), "draft_probs"),   # float16 is read as float32
     ("seeds", torch.zeros(3, dtype=torch.int64), "seeds"),
     ("seeds", torch.zeros(2, dtype=torch.float32), "seeds"),
     ("offsets", torch.zeros(2, 1, dtype=torch.int64), "offsets"),
