@@ -69,6 +69,9 @@ _PARAMS = {
 }
 
 
+_INT64_MAX = 2 ** 63 - 1
+
+
 def _sampling_param(value, name: str, batch: int, device: torch.device, ref_name: str):
     """A sampling parameter as the kernels read it: None, or a [B] tensor of the kernel dtype
     on `device`. Python numbers (one value for every request) are checked here on any device;
@@ -79,10 +82,15 @@ def _sampling_param(value, name: str, batch: int, device: torch.device, ref_name
     if isinstance(value, (numbers.Number, bool)) and not isinstance(value, torch.Tensor):
         if name == "top_k" and not isinstance(value, numbers.Integral):
             fail(f"top_k must be an int or an integer tensor [B], got {value!r}")
+        if name == "top_k":
+            value = min(int(value), _INT64_MAX)   # >= V is off: any int beyond int64 is too
         if bool(bad_value(torch.tensor(float(value)))):
             fail(f"{name} = {value!r} must be {valid}")
         return torch.full((batch,), value, dtype=dtype, device=device)
     if isinstance(value, (list, tuple)):
+        if name == "top_k":
+            value = [min(int(v), _INT64_MAX) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+                     for v in value]
         value = torch.tensor(value, device=device)
     check_tensor(value, name)
     check_shape(value, (batch,), name, "[B]")
@@ -563,7 +571,9 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     lengths = lengths.contiguous().to(torch.int64)
     if all(p is None for p in params[1:]):
         block = block or _block(vocab)
-        chunk = chunk or max(block, SPLIT_CHUNK)
+        # a row shorter than SPLIT_CHUNK is one chunk of its power-of-two size (a multiple of block): the
+        # programs do not sweep 8192 masked entries of a 16-entry row
+        chunk = chunk or max(block, min(SPLIT_CHUNK, next_pow2(vocab)))
         if chunk % block or block % 4:
             raise ValueError(f"chunk ({chunk}) must be a multiple of block ({block}), block of 4")
         chunks = -(-vocab // chunk)

@@ -372,6 +372,9 @@ def test_errors_name_the_problem(target):
             SpeculativeDecoder(target, NGramDrafter(), tree=bad)
     with pytest.raises(ValueError, match="max_new_tokens"):
         dec.generate([[1]], max_new_tokens=0)
+    for bad in (None, 1.5, True):
+        with pytest.raises(specdec_ops.SpecDecArgumentError, match="seed must be an int"):
+            dec.generate([[1]], max_new_tokens=2, seed=bad)
     with pytest.raises(ValueError, match="n must be"):
         NGramDrafter(n=0)
     with pytest.raises(ValueError, match="drafter must have"):

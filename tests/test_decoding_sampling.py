@@ -131,6 +131,24 @@ def test_sampling_arguments_are_checked_by_name():
             SamplingParams.build(3, "cpu", **kwargs)
 
 
+def test_numpy_scalars_and_tensors_are_values_like_lists():
+    want = SamplingParams.build(3, "cpu", temperature=[0.5, 0.0, 1.5], top_k=[3, 0, 7], top_p=0.9, min_p=0.0)
+    for kwargs in (dict(temperature=np.array([0.5, 0.0, 1.5], dtype=np.float32), top_k=np.array([3, 0, 7]),
+                        top_p=np.float32(0.9), min_p=np.float64(0.0)),
+                   dict(temperature=torch.tensor([0.5, 0.0, 1.5]), top_k=torch.tensor([3, 0, 7]),
+                        top_p=torch.tensor(0.9), min_p=0)):
+        got = SamplingParams.build(3, "cpu", **{k: list(v) if isinstance(v, np.ndarray) else v
+                                                for k, v in kwargs.items()})
+        for field in ("temperature", "top_k", "top_p", "min_p", "greedy"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
+        assert (got.uses_top_k, got.uses_top_p, got.all_greedy) == (want.uses_top_k, want.uses_top_p, False)
+    for kwargs, name in ((dict(temperature=True), "temperature"), (dict(top_k=[1, np.bool_(True), 2]), "top_k"),
+                         (dict(top_p=torch.ones(3, 1)), "top_p must be one value or"),
+                         (dict(top_k=np.float64(2.0)), "top_k")):
+        with pytest.raises(ValueError, match=name):
+            SamplingParams.build(3, "cpu", **kwargs)
+
+
 # ------------------------------------------------------------------------------------ distribution tests
 
 

@@ -255,6 +255,16 @@ def test_process_logits_scalars_mean_every_row(backend):
                                                   backend=backend))
 
 
+def test_top_k_beyond_int64_is_off():
+    # >= V is off, and so is a Python int no int64 holds (it raised a bare OverflowError)
+    x = torch.randn(2, 30, generator=torch.Generator().manual_seed(4))
+    want = specdec_ops.process_logits(x, backend="cpu")
+    for top_k in (2 ** 70, [2 ** 70, 2 ** 64]):
+        assert torch.equal(specdec_ops.process_logits(x, top_k=top_k, backend="cpu"), want)
+    with pytest.raises(specdec_ops.SpecDecArgumentError, match="top_k"):
+        specdec_ops.process_logits(x, top_k=-2 ** 70)
+
+
 @pytest.mark.parametrize("vocab", [1, 2, 255, 256, 257, 1024, 1025, 8193])
 def test_process_logits_tile_boundary_vocab_sizes(vocab):
     g = torch.Generator().manual_seed(vocab)

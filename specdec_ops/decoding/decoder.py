@@ -8,6 +8,7 @@ never import this one.
 
 from __future__ import annotations
 
+import numbers
 import time
 from typing import NamedTuple
 
@@ -86,7 +87,8 @@ class SpeculativeDecoder:
         Parameters
         ----------
         prompts : list[list[int]] (ragged) or int64 [B, L]
-        temperature, top_k, top_p, min_p : one value for every request or a list of B (DESIGN.md §5.7);
+        temperature, top_k, top_p, min_p : one value for every request, or a list (or [B] tensor) of B
+            (DESIGN.md §5.7);
             temperature 0 = greedy, top_k 0, top_p 1 and min_p 0 = off
         seed : int: request b's random numbers are a function of (seed, b)
         eos_token_id : int, list of ints, or None (the target's generation_config); [] never stops early
@@ -127,6 +129,8 @@ class SpeculativeDecoder:
         (rejection_sample with no drafts: a draw from p, argmax when greedy), the first root."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ops.SpecDecArgumentError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise ops.SpecDecArgumentError(f"seed must be an int, got {seed!r}")
         prompts = _check_prompts(prompts, self.vocab_size)
         device = model_device(self.target)
         sampling = SamplingParams.build(len(prompts), device, temperature, top_k, top_p, min_p)

@@ -9,6 +9,7 @@ verifier's, since draft tokens correlated with the verifier's uniforms would bia
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,11 @@ import torch
 import specdec_ops as ops
 
 _U64 = (1 << 64) - 1
+
+try:
+    from numpy import bool_ as np_bool
+except ImportError:  # numpy is optional here
+    np_bool = bool
 
 
 @dataclass(frozen=True)
@@ -84,13 +90,21 @@ class SamplingParams:
 
 
 def _per_request(name: str, value, batch: int, kind) -> list:
-    values = list(value) if isinstance(value, (list, tuple)) else [value] * batch
+    """One value, a list or tuple of B, or a tensor (0-d, or [B]) -> B Python values of ``kind``; NumPy
+    scalars count as numbers. Booleans are refused (True is not a temperature)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() > 1:
+            raise ops.SpecDecArgumentError(f"{name} must be one value or [B], got a tensor of shape "
+                                           f"{list(value.shape)}")
+        value = value.tolist()
+    per_request = isinstance(value, (list, tuple))
+    values = list(value) if per_request else [value] * batch
     if len(values) != batch:
         raise ops.SpecDecArgumentError(f"{name} must be one value or a list of one value per prompt ({batch}), "
                                        f"got a list of {len(values)}")
-    per_request = isinstance(value, (list, tuple))
+    number = numbers.Integral if kind is int else numbers.Real
     for b, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+        if isinstance(v, (bool, np_bool)) or not isinstance(v, number):
             what = "an int" if kind is int else "a number"
             raise ops.SpecDecArgumentError(f"{name}{_at(b, 2 if per_request else 1)} must be {what}, got {v!r}")
     return [kind(v) for v in values]
