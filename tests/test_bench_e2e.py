@@ -94,53 +94,32 @@ def test_perfect_drafter_drafts_the_length_worth_most(target):
     assert out.stats.draft_tokens == (new - 1) // 2                      # none in the last
 
 
-def test_perfect_copier_drafts_only_what_the_context_holds(target):
+@pytest.mark.parametrize("mode, brute_force", [("copy_only", brute_force_copy), ("match_only", brute_force_match)],
+                         ids=["copier: what the context holds", "prompt lookup: what follows a match"])
+def test_ceiling_drafters_draft_only_what_they_may(target, mode, brute_force):
     prompt, new, k = [5, 6, 7, 8, 10, 11, 12, 13, 14, 15], 30, 8
     expected = greedy(target, prompt, new)
-    copier = ReplayDrafter(ForwardCost({1: 1.0, 9: 1.0}), copy_only=True)
-    copier.reference = (prompt, expected)
+    drafter = ReplayDrafter(ForwardCost({1: 1.0, 9: 1.0}), **{mode: True})
+    drafter.reference = (prompt, expected)
     proposed = []
-    propose = copier.propose
+    propose = drafter.propose
 
     def record(batch, k, tree, sampling):
         draft = propose(batch, k, tree, sampling)
         history = list(batch.history[0])
-        n = int(draft.num_nodes[0]) - 1
         done = len(history) - len(prompt)
-        proposed.append((history, expected[done:done + n], expected[done:done + k]))
+        proposed.append((history, int(draft.num_nodes[0]) - 1, expected[done:done + k]))
         return draft
 
-    copier.propose = record
-    out = SpeculativeDecoder(target, copier, num_speculative_tokens=k).generate([prompt], max_new_tokens=new)
-    assert out.sequences[0] == expected
-    assert out.stats.accepted_tokens == out.stats.draft_tokens
-    for history, drafted, cont in proposed:
-        remaining = new - (len(history) - len(prompt))
-        assert len(drafted) == min(brute_force_copy(history, cont), max(remaining - 1, 0))
-
-
-def test_perfect_prompt_lookup_drafts_only_what_follows_a_match(target):
-    prompt, new, k = [5, 6, 7, 8, 10, 11, 12, 13, 14, 15], 30, 8
-    expected = greedy(target, prompt, new)
-    matcher = ReplayDrafter(ForwardCost({1: 1.0, 9: 1.0}), match_only=True)
-    matcher.reference = (prompt, expected)
-    proposed = []
-    propose = matcher.propose
-
-    def record(batch, k, tree, sampling):
-        draft = propose(batch, k, tree, sampling)
-        history = list(batch.history[0])
-        n = int(draft.num_nodes[0]) - 1
-        done = len(history) - len(prompt)
-        proposed.append((history, n, expected[done:done + k]))
-        return draft
-
-    matcher.propose = record
-    out = SpeculativeDecoder(target, matcher, num_speculative_tokens=k).generate([prompt], max_new_tokens=new)
+    drafter.propose = record
+    out = SpeculativeDecoder(target, drafter, num_speculative_tokens=k).generate([prompt], max_new_tokens=new)
     assert out.sequences[0] == expected
     assert out.stats.accepted_tokens == out.stats.draft_tokens
     for history, n, cont in proposed:
         remaining = new - (len(history) - len(prompt))
-        assert n == min(brute_force_match(history, cont), max(remaining - 1, 0))
+        assert n == min(brute_force(history, cont), max(remaining - 1, 0))
+
+
+def test_ceiling_modes_exclude_each_other():
     with pytest.raises(ValueError, match="exclude"):
         ReplayDrafter(ForwardCost({1: 1.0}), copy_only=True, match_only=True)
