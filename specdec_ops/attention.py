@@ -182,8 +182,7 @@ def tree_attention(
     prefix_lens : int32 | int64 [B]
         Committed tokens per request.
     mask : int64 [B, N, ceil(N/64)]
-        From :func:`build_tree`. Row i sees the prefix and the tree keys of its bits, as
-        :func:`tree_attention_bias` says: a padding node (all-zero row) sees the prefix alone.
+        From :func:`build_tree`. A row without its own bit (a padding node) gives zeros.
     block_table : int32 | int64 [B, max_blocks], optional
         Paged cache: slot s of request b is ``(block_table[b, s // block_size], s % block_size)``.
     sm_scale : float, optional
@@ -202,8 +201,7 @@ def tree_attention(
     Returns
     -------
     out : [B, N, Hq, D] in q's dtype, or ``(out, lse float32 [B, N, Hq])`` with return_lse.
-        Equal to SDPA with :func:`tree_attention_bias` on every row, padding rows included;
-        a row that sees no key (prefix_lens[b] = 0 and no bit) is 0 with lse -inf, never NaN.
+        Padding rows (node i without bit i in row i) are 0 with lse -inf, never NaN.
         Cache slots no node sees (past prefix_lens[b] + N, or of padding nodes) never
         reach the output, even when they hold NaN.
 
@@ -270,6 +268,7 @@ def _tree_attention_cpu(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_
     if n == 0:
         return out.to(q.dtype), lse_out
     bits = _unpack_bits(mask)  # [B, N, N]
+    own = bits.diagonal(dim1=1, dim2=2)  # [B, N] real nodes
 
     def heads_first(x):  # [L, Hk, D] -> [Hk, L, D]
         return x.permute(1, 0, 2)
@@ -297,8 +296,8 @@ def _tree_attention_cpu(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_
             acc, lse = (o, l) if acc is None else _merge_fp32(acc, lse, o, l)
         acc = acc.reshape(hk, n, group, d).permute(1, 0, 2, 3).reshape(n, hq, d)
         lse = lse.reshape(hk, n, group).permute(1, 0, 2).reshape(n, hq)
-        out[b] = acc          # a row that sees no key (no prefix, no bit) has lse -inf and 0: _attend_fp32
-        lse_out[b] = lse
+        out[b] = torch.where(own[b][:, None, None], acc, 0.0)
+        lse_out[b] = torch.where(own[b][:, None], lse, float("-inf"))
     return out.to(q.dtype), lse_out
 
 
