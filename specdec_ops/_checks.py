@@ -303,3 +303,18 @@ def check_tree_inputs(tree_token_ids, parents, num_nodes, batch: int, nodes: int
         check_index_tensor(t, (batch, nodes), name, "[B, N]", device, ref_name)
     if num_nodes is not None:
         check_index_tensor(num_nodes, (batch,), "num_nodes", "[B]", device, ref_name)
+
+
+def check_probs(target_probs, draft_probs, draft_shape, shape_str):
+    """Checked (target_probs, draft_probs) of the probability ops; probabilities of two different dtypes
+    are both taken as float32 (a copy: the kernels compute in float32 anyway)."""
+    check_dtype(target_probs, PROB_DTYPES, "target_probs")
+    if target_probs.shape[-1] == 0:
+        fail("target_probs must have a non-empty vocab dimension V")
+    if draft_probs is not None:
+        check_shape(draft_probs, draft_shape, "draft_probs", shape_str)
+        check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
+        check_device(draft_probs, target_probs.device, "draft_probs", "target_probs")
+        if draft_probs.dtype != target_probs.dtype:
+            target_probs, draft_probs = target_probs.float(), draft_probs.float()
+    return target_probs, draft_probs

@@ -72,6 +72,11 @@ _PARAMS = {
 _INT64_MAX = 2 ** 63 - 1
 
 
+def _top_k_value(v):
+    """A Python int top_k as int64 holds it: >= V is off, so any int beyond int64 is too."""
+    return min(int(v), _INT64_MAX) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+
+
 def _sampling_param(value, name: str, batch: int, device: torch.device, ref_name: str):
     """A sampling parameter as the kernels read it: None, or a [B] tensor of the kernel dtype
     on `device`. Python numbers (one value for every request) are checked here on any device;
@@ -83,14 +88,13 @@ def _sampling_param(value, name: str, batch: int, device: torch.device, ref_name
         if name == "top_k" and not isinstance(value, numbers.Integral):
             fail(f"top_k must be an int or an integer tensor [B], got {value!r}")
         if name == "top_k":
-            value = min(int(value), _INT64_MAX)   # >= V is off: any int beyond int64 is too
+            value = _top_k_value(value)
         if bool(bad_value(torch.tensor(float(value)))):
             fail(f"{name} = {value!r} must be {valid}")
         return torch.full((batch,), value, dtype=dtype, device=device)
     if isinstance(value, (list, tuple)):
         if name == "top_k":
-            value = [min(int(v), _INT64_MAX) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
-                     for v in value]
+            value = [_top_k_value(v) for v in value]
         value = torch.tensor(value, device=device)
     check_tensor(value, name)
     check_shape(value, (batch,), name, "[B]")

@@ -13,31 +13,16 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (PROB_DTYPES, call_native, check_bonus_token_ids, check_bonus_values, check_chain_values,
-                      check_cu_values, check_device, check_draft_ids, check_dtype, check_greedy, check_index_tensor,
-                      check_packed_layout, check_rank, check_reject_invalid_drafts, check_shape, check_synthetic_rates,
-                      check_synthetic_values, fail, packed_max_num_draft_tokens, rng_inputs)
+from ._checks import (call_native, check_bonus_token_ids, check_bonus_values, check_chain_values, check_cu_values,
+                      check_draft_ids, check_greedy, check_index_tensor, check_packed_layout, check_probs, check_rank,
+                      check_reject_invalid_drafts, check_synthetic_rates, check_synthetic_values, fail,
+                      packed_max_num_draft_tokens, rng_inputs)
 from .types import SampleOutput
 
 __all__ = ["rejection_sample", "rejection_sample_packed"]
 
 
 # ---------------------------------------------------------------------------------------------- checks
-
-
-def _check_probs(target_probs, draft_probs, draft_shape):
-    """Checked (target_probs, draft_probs); probabilities of two different dtypes are both taken
-    as float32 (the kernels compute in float32 anyway)."""
-    check_dtype(target_probs, PROB_DTYPES, "target_probs")
-    if target_probs.shape[-1] == 0:
-        fail("target_probs must have a non-empty vocab dimension V")
-    if draft_probs is not None:
-        check_shape(draft_probs, draft_shape, "draft_probs", "[B, K, V]" if len(draft_shape) == 3 else "[T, V]")
-        check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
-        check_device(draft_probs, target_probs.device, "draft_probs", "target_probs")
-        if draft_probs.dtype != target_probs.dtype:
-            target_probs, draft_probs = target_probs.float(), draft_probs.float()
-    return target_probs, draft_probs
 
 
 def _check_keyword_values(bonus_token_ids, synthetic_acceptance_rates, vocab):
@@ -151,7 +136,7 @@ def rejection_sample(
                  f"bonus_token_ids is given (K = draft_token_ids.shape[1]), got shape {list(target_probs.shape)}")
     check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_probs")
     check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_probs")
-    target_probs, draft_probs = _check_probs(target_probs, draft_probs, (batch, max_draft, vocab))
+    target_probs, draft_probs = check_probs(target_probs, draft_probs, (batch, max_draft, vocab), "[B, K, V]")
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
     reject_invalid_drafts = check_reject_invalid_drafts(reject_invalid_drafts)
@@ -224,7 +209,7 @@ def rejection_sample_packed(
                                        bonus_rows_optional=bonus_token_ids is not None)
     bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_probs")
     vocab = target_probs.shape[1]
-    target_probs, draft_probs = _check_probs(target_probs, draft_probs, (total, vocab))
+    target_probs, draft_probs = check_probs(target_probs, draft_probs, (total, vocab), "[T, V]")
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
     max_num_draft_tokens = packed_max_num_draft_tokens(cu_num_draft_tokens, batch, max_num_draft_tokens)

@@ -10,8 +10,8 @@ import torch
 
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (PROB_DTYPES, call_native, check_device, check_dtype, check_greedy, check_rank, check_shape,
-                      check_tree_inputs, check_tree_values, fail, rng_inputs)
+from ._checks import (call_native, check_greedy, check_probs, check_rank, check_tree_inputs, check_tree_values, fail,
+                      rng_inputs)
 from .types import TreeSampleOutput
 
 __all__ = ["tree_rejection_sample"]
@@ -99,19 +99,11 @@ def tree_rejection_sample(
     """
     check_rank(target_probs, 3, "target_probs", "[B, N, V]")
     batch, nodes, vocab = target_probs.shape
-    check_dtype(target_probs, PROB_DTYPES, "target_probs")
     if nodes < 1:
         fail(f"target_probs must have N >= 1 nodes (node 0 is the root), got shape {list(target_probs.shape)}")
-    if vocab == 0:
-        fail("target_probs must have a non-empty vocab dimension V")
+    target_probs, draft_probs = check_probs(target_probs, draft_probs, (batch, nodes, vocab), "[B, N, V]")
     device = target_probs.device
     check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "target_probs")
-    if draft_probs is not None:
-        check_shape(draft_probs, (batch, nodes, vocab), "draft_probs", "[B, N, V]")
-        check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
-        check_device(draft_probs, device, "draft_probs", "target_probs")
-        if draft_probs.dtype != target_probs.dtype:   # as rejection_sample: both read as float32 (a copy)
-            target_probs, draft_probs = target_probs.float(), draft_probs.float()
     seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
     greedy = check_greedy(greedy, batch, device, "target_probs")
     backend = resolve_backend(backend, device, "tree_rejection_sample", native_op="tree_rejection_sample",
