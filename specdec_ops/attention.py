@@ -182,7 +182,8 @@ def tree_attention(
     prefix_lens : int32 | int64 [B]
         Committed tokens per request.
     mask : int64 [B, N, ceil(N/64)]
-        From :func:`build_tree`. A row without its own bit (a padding node) gives zeros.
+        From :func:`build_tree`. Row i sees the prefix and the tree keys of its bits, as
+        :func:`tree_attention_bias` says: a padding node (all-zero row) sees the prefix alone.
     block_table : int32 | int64 [B, max_blocks], optional
         Paged cache: slot s of request b is ``(block_table[b, s // block_size], s % block_size)``.
     sm_scale : float, optional
@@ -201,7 +202,8 @@ def tree_attention(
     Returns
     -------
     out : [B, N, Hq, D] in q's dtype, or ``(out, lse float32 [B, N, Hq])`` with return_lse.
-        Padding rows (node i without bit i in row i) are 0 with lse -inf, never NaN.
+        Equal to SDPA with :func:`tree_attention_bias` on every row, padding rows included;
+        a row that sees no key (prefix_lens[b] = 0 and no bit) is 0 with lse -inf, never NaN.
         Cache slots no node sees (past prefix_lens[b] + N, or of padding nodes) never
         reach the output, even when they hold NaN.
 
@@ -268,7 +270,6 @@ def _tree_attention_cpu(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_
     if n == 0:
         return out.to(q.dtype), lse_out
     bits = _unpack_bits(mask)  # [B, N, N]
-    own = bits.diagonal(dim1=1, dim2=2)  # [B, N] real nodes
 
     def heads_first(x):  # [L, Hk, D] -> [Hk, L, D]
         return x.permute(1, 0, 2)
@@ -296,8 +297,8 @@ def _tree_attention_cpu(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_
             acc, lse = (o, l) if acc is None else _merge_fp32(acc, lse, o, l)
         acc = acc.reshape(hk, n, group, d).permute(1, 0, 2, 3).reshape(n, hq, d)
         lse = lse.reshape(hk, n, group).permute(1, 0, 2).reshape(n, hq)
-        out[b] = torch.where(own[b][:, None, None], acc, 0.0)
-        lse_out[b] = torch.where(own[b][:, None], lse, float("-inf"))
+        out[b] = acc          # a row that sees no key (no prefix, no bit) has lse -inf and 0: _attend_fp32
+        lse_out[b] = lse
     return out.to(q.dtype), lse_out
 
 
@@ -347,21 +348,26 @@ def _interpreter_needs_while_loops() -> bool:
     return triton_interpreting() and (major, minor) < (3, 8)
 
 
-def _tile_config(dtype: torch.dtype, rows: int, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps) of tree_attention_kernel for `rows` = N * group query rows.
+def _tile_config(dtype: torch.dtype, rows: int, head_dim: int) -> tuple[int, int, int, int, int | None]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps, maxnreg) of tree_attention_kernel for `rows` = N * group
+    query rows.
 
-    Chosen so that ptxas reports no spills for sm_90 (tests/aot_tree_attention_kernel.py compiles
-    these configurations): 16-bit tiles of 32 or 64 rows take 8 warps, 32-key tiles for large D;
+    Chosen so that ptxas reports no spills for sm_90 on every supported Triton (tests/aot_tree_attention_kernel.py
+    compiles these configurations): 16-bit tiles of 32 or 64 rows take 8 warps, 32-key tiles for large D;
     float32 (IEEE dots on the FMA units, no tensor cores) keeps 16-key tiles of at most 32 rows, 16
-    from D = 128 on.
+    from D = 128 on. Tiles of 16 rows with D <= 64 get a register cap of 255 (ptxas .maxnreg): without
+    one, ptxas keeps those kernels near 80-170 registers and spills two or three values live across the
+    whole kernel (4-8 bytes, on Triton 3.6 or 3.9 depending on the kernel's exact code); with the cap
+    stated it keeps them in registers (about 150-210, still two or more blocks of 4 warps per SM).
     """
     block_d = max(16, next_pow2(head_dim))
     block_m = min(64, max(16, next_pow2(rows)))
+    maxnreg = 255 if block_m == 16 and block_d <= 64 else None
     if dtype == torch.float32:
-        return min(block_m, 32 if block_d <= 64 else 16), 16, block_d, 4
+        return min(block_m, 32 if block_d <= 64 else 16), 16, block_d, 4, maxnreg
     if block_m == 16:
-        return block_m, 64 if block_d <= 128 else 32, block_d, 4
-    return block_m, 64 if block_d <= 64 or block_m == 32 and block_d <= 128 else 32, block_d, 8
+        return block_m, 64 if block_d <= 128 else 32, block_d, 4, maxnreg
+    return block_m, 64 if block_d <= 64 or block_m == 32 and block_d <= 128 else 32, block_d, 8, None
 
 
 def _num_splits(programs: int, capacity: int, device: torch.device) -> int:
@@ -387,7 +393,7 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
         return out, lse
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    block_m, block_n, block_d, num_warps = _tile_config(q.dtype, n * group, d)
+    block_m, block_n, block_d, num_warps, maxnreg = _tile_config(q.dtype, n * group, d)
     m_tiles = -(-(n * group) // block_m)
     # Splits from the capacity (no host sync); the kernel shares each request's own prefix among them.
     splits = 1 if skip_prefix else _num_splits(m_tiles * batch * hk, capacity, q.device)
@@ -410,7 +416,7 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
         PAGED=paged, SKIP_PREFIX=skip_prefix,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32, WHILE_LOOPS=_interpreter_needs_while_loops(),
-        num_warps=num_warps, num_stages=2,
+        num_warps=num_warps, num_stages=2, maxnreg=maxnreg,
     )
     if splits > 1:
         rows = batch * n * hq

@@ -14,7 +14,6 @@ import torch
 from . import _ops, reference
 from ._backend import next_pow2, resolve_backend
 from ._checks import PROB_DTYPES, check_device, check_dtype, check_shape, check_tensor, fail
-from .tree import _unpack_bits
 
 __all__ = ["merge_attention_states"]
 
@@ -50,10 +49,8 @@ def _cascade_flash_attn(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_
     from .attention import _launch_tree_attention  # the tree part (specdec_ops.attention imports this module)
 
     out_t, lse_t = _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, None, sm_scale, skip_prefix=True)
-    out, lse = torch.ops.specdec.merge_attention_states_triton.default(out_p.contiguous(), lse_p.contiguous(), out_t,
-                                                                       lse_t)
-    own = _unpack_bits(mask).diagonal(dim1=1, dim2=2)  # padding rows: 0 and -inf, as in the one-pass kernel
-    return torch.where(own[..., None, None], out, 0), torch.where(own[..., None], lse, float("-inf"))
+    return torch.ops.specdec.merge_attention_states_triton.default(out_p.contiguous(), lse_p.contiguous(), out_t,
+                                                                   lse_t)
 
 
 # ---------------------------------------------------------------------------------------------- merge

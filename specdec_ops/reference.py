@@ -375,14 +375,14 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, mask, *, block_table=None, 
 
     Per request: keys 0 .. prefix_lens[b] + N - 1 of the cache, scores in float32 plus the bias,
     softmax, weighted sum. Keys that no node sees are zeroed first (garbage in unused slots, even
-    NaN, never reaches the output). Padding rows (node i without its own bit) give 0 and lse -inf.
+    NaN, never reaches the output). Every row sees the prefix (padding rows too: their mask rows are
+    0, so they see the prefix alone); a row that sees no key at all gives 0 and lse -inf.
     """
     batch, n, hq, d = q.shape
     hk = k_cache.shape[2]
     scale = d ** -0.5 if sm_scale is None else sm_scale
     out = torch.zeros(batch, n, hq, d, dtype=torch.float32, device=q.device)
     lse = torch.full((batch, n, hq), float("-inf"), dtype=torch.float32, device=q.device)
-    own = unpack_tree_mask(mask).diagonal(dim1=1, dim2=2)  # [B, N]: real nodes
     for b in range(batch):
         kv_len = int(prefix_lens[b]) + n
         bias = tree_attention_bias(mask[b: b + 1], prefix_lens[b: b + 1], kv_len)[0, 0]  # [N, L]
@@ -394,8 +394,9 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, mask, *, block_table=None, 
         scores = torch.einsum("nhd,lhd->hnl", q[b].float(), k) * scale + bias  # [Hq, N, L]
         row_lse = torch.logsumexp(scores, dim=-1)  # [Hq, N]
         o = torch.einsum("hnl,lhd->nhd", torch.softmax(scores, dim=-1), v)
-        out[b] = torch.where(own[b][:, None, None], o, 0.0)
-        lse[b] = torch.where(own[b][:, None], row_lse.T, float("-inf"))
+        sees = (row_lse > float("-inf")).T  # [N, Hq]: rows with a visible key (the others' softmax is NaN)
+        out[b] = torch.where(sees[..., None], o, 0.0)
+        lse[b] = row_lse.T
     return out.to(q.dtype), lse
 
 

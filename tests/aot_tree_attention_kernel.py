@@ -14,7 +14,7 @@ from specdec_ops.triton_kernels import tree_attention as mod
 CASES = [("bf16", 64, 128), ("fp16", 16, 128), ("bf16", 8, 64), ("bf16", 32, 256), ("fp32", 64, 128), ("fp32", 8, 64)]
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 for dtype, rows, d in CASES:
-    block_m, block_n, block_d, num_warps = _tile_config(TORCH[dtype], rows, d)
+    block_m, block_n, block_d, num_warps, maxnreg = _tile_config(TORCH[dtype], rows, d)
     types = dict(q_ptr=f"*{dtype}", k_ptr=f"*{dtype}", v_ptr=f"*{dtype}", prefix_lens_ptr="*i64", mask_ptr="*i64",
                  table_ptr="*i64", out_ptr=f"*{dtype}", lse_ptr="*fp32", qk_scale="fp32")
     for paged in (False, True):
@@ -24,10 +24,10 @@ for dtype, rows, d in CASES:
                          stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1)
             aligned = [n for n in mod.tree_attention_kernel.arg_names if n.startswith("stride") and n not in const]
             kernel = compile_kernel(mod.tree_attention_kernel, types, const, aligned=aligned + ["head_dim"],
-                                    num_warps=num_warps, num_stages=2)
+                                    num_warps=num_warps, num_stages=2, maxnreg=maxnreg)
             if not while_loops:
                 check(kernel, f"tree_attention {dtype} rows={rows} D={d} paged={paged} "
-                              f"tiles=({block_m}, {block_n}, {block_d}) warps={num_warps}")
+                              f"tiles=({block_m}, {block_n}, {block_d}) warps={num_warps} maxnreg={maxnreg}")
 check(compile_kernel(mod.combine_splits_kernel, dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr="*bf16",
                                                      lse_ptr="*fp32"), dict(BLOCK_S=2, BLOCK_D=64), num_warps=4),
       "combine_splits")

@@ -84,8 +84,16 @@ def test_contiguous_gqa_with_garbage_past_the_tree(backend, hq, hk):
     assert_matches_reference(backend, q, k, v, prefix_lens, mask)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "triton"])
-def test_ragged_num_nodes_padding_rows_are_zero_and_their_slots_never_leak(backend):
+def prefix_attention(q, k, v, prefix, group):
+    """[N, Hq, D]: every query of one request over keys 0 .. prefix - 1 alone (no tree key)."""
+    kk = k[:prefix].float().repeat_interleave(group, dim=1)
+    vv = v[:prefix].float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,lhd->hnl", q.float(), kk) / math.sqrt(q.shape[-1])
+    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), vv)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton", "reference"])
+def test_ragged_num_nodes_padding_rows_see_the_prefix_alone_and_their_slots_never_leak(backend):
     if backend not in CPU_BACKENDS:
         pytest.skip("triton not installed")
     n = 9
@@ -93,8 +101,32 @@ def test_ragged_num_nodes_padding_rows_are_zero_and_their_slots_never_leak(backe
     k[0, 5 + 4: 5 + n] = NAN  # slots of request 0's padding nodes hold garbage too
     v[0, 5 + 4: 5 + n] = NAN
     out, lse = assert_matches_reference(backend, q, k, v, prefix_lens, mask)
-    assert (out[0, 4:] == 0).all() and torch.isneginf(lse[0, 4:]).all()
+    # padding rows (all-zero mask rows) see the prefix, as under tree_attention_bias, and no tree key
+    torch.testing.assert_close(out[0, 4:], prefix_attention(q[0, 4:], k[0], v[0], 5, 2), atol=2e-5, rtol=2e-5)
+    assert torch.isfinite(lse[0, 4:]).all()
     assert (out[1] != 0).any(dim=-1).all()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton", "reference"])
+def test_every_row_equals_sdpa_with_the_bias_padding_and_empty_prefix_included(backend):
+    # The bias is the definition: padded trees, a request without a committed prefix (its padding rows
+    # see no key: 0 and lse -inf, never NaN), GQA.
+    if backend not in CPU_BACKENDS:
+        pytest.skip("triton not installed")
+    n = 7
+    q, k, v, prefix_lens, mask = make_case(n=n, prefix=(0, 6), num_nodes=torch.tensor([3, 5]), slack=0, seed=3)
+    out, lse = specdec_ops.tree_attention(q, k, v, prefix_lens, mask, return_lse=True, backend=backend)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    for b in range(2):
+        kv_len = int(prefix_lens[b]) + n
+        bias = specdec_ops.tree_attention_bias(mask[b:b + 1], prefix_lens[b:b + 1], kv_len)
+        kk = k[b:b + 1, :kv_len].nan_to_num().repeat_interleave(2, dim=2).transpose(1, 2)
+        vv = v[b:b + 1, :kv_len].nan_to_num().repeat_interleave(2, dim=2).transpose(1, 2)
+        sees = (bias[0, 0] == 0).any(-1)  # [N]: rows with a visible key
+        want = F.scaled_dot_product_attention(q[b:b + 1].transpose(1, 2), kk, vv, attn_mask=bias).transpose(1, 2)[0]
+        torch.testing.assert_close(out[b][sees], want[sees], atol=2e-5, rtol=2e-5)
+        assert (out[b][~sees] == 0).all() and torch.isneginf(lse[b][~sees]).all()
+    assert (~(specdec_ops.tree_attention_bias(mask[:1], prefix_lens[:1], n)[0, 0] == 0).any(-1)).sum() == n - 3
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])

@@ -14,8 +14,9 @@ float32 buffers and combine_splits_kernel merges them by their LSE.
 
 Contiguous caches are addressed as [B, S, Hk, D] with any strides, paged caches as
 [num_blocks, block_size, Hk, D] through the block table. Keys outside the cache or in a
-block outside [0, num_blocks) are hidden. Rows of padding nodes (no own bit) give 0 and
-LSE -inf; an all-hidden row never produces NaN. LSE out is the natural log.
+block outside [0, num_blocks) are hidden. Every row sees the prefix, padding rows too (their mask
+rows are 0: the prefix alone); a row that sees no key gives 0 and LSE -inf, never NaN. LSE out is
+the natural log.
 """
 
 import triton
@@ -75,7 +76,7 @@ def _prefix_tile(m_i, l_i, acc, q, start, hi, offs_n, b, kvh, d, d_ok, k_ptr, v_
 
 
 @triton.jit
-def _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row_ok, real, offs_n, b, kvh, d,
+def _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row_ok, offs_n, b, kvh, d,
                d_ok, k_ptr, v_ptr, table_ptr, table_stride, block_size, num_blocks,
                stride_k0, stride_k1, stride_kh, stride_kd, stride_v0, stride_v1, stride_vh, stride_vd,
                qk_scale, p_dtype, PAGED: tl.constexpr, IEEE: tl.constexpr):
@@ -87,7 +88,7 @@ def _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row
     bits = (word[:, None] >> (t % 64).to(tl.int64)[None, :]) & 1
     k, valid = _kv_tile(k_ptr, b, kvh, pos, valid, d, d_ok, table_ptr, table_stride, block_size,
                         num_blocks, stride_k0, stride_k1, stride_kh, stride_kd, PAGED)
-    visible = (bits != 0) & valid[None, :] & real[:, None]
+    visible = (bits != 0) & valid[None, :]
     # Slots no row of this tile sees may hold garbage (even NaN): zero them so 0 * NaN never happens.
     seen = tl.max(visible.to(tl.int32), axis=0) > 0
     v, _ = _kv_tile(v_ptr, b, kvh, pos, valid & seen, d, d_ok, table_ptr, table_stride, block_size,
@@ -134,8 +135,6 @@ def tree_attention_kernel(
     prefix = tl.load(prefix_lens_ptr + b)
     prefix = tl.minimum(tl.maximum(prefix, 0), capacity).to(tl.int32)
     mask_rows = mask_ptr + (b.to(tl.int64) * num_nodes + node.to(tl.int64)) * num_words
-    own_word = tl.load(mask_rows + node // 64, mask=row_ok, other=0)
-    real = row_ok & (((own_word >> (node % 64).to(tl.int64)) & 1) != 0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -169,19 +168,19 @@ def tree_attention_kernel(
     if WHILE_LOOPS:
         t0 = tl.zeros([], tl.int32)
         while t0 < tree_end:
-            m_i, l_i, acc = _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row_ok, real,
+            m_i, l_i, acc = _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row_ok,
                                        offs_n, b, kvh, d, d_ok, k_ptr, v_ptr, table_ptr, table_stride, block_size,
                                        num_blocks, stride_k0, stride_k1, stride_kh, stride_kd, stride_v0, stride_v1,
                                        stride_vh, stride_vd, qk_scale, p_dtype, PAGED, IEEE)
             t0 += BLOCK_N
     else:
         for t0 in range(0, tree_end, BLOCK_N):
-            m_i, l_i, acc = _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row_ok, real,
+            m_i, l_i, acc = _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row_ok,
                                        offs_n, b, kvh, d, d_ok, k_ptr, v_ptr, table_ptr, table_stride, block_size,
                                        num_blocks, stride_k0, stride_k1, stride_kh, stride_kd, stride_v0, stride_v1,
                                        stride_vh, stride_vd, qk_scale, p_dtype, PAGED, IEEE)
 
-    has = real & (l_i > 0)
+    has = row_ok & (l_i > 0)
     l_safe = tl.where(has, l_i, 1.0)
     out = tl.where(has[:, None], acc / l_safe[:, None], 0.0)
     lse = tl.where(has, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
