@@ -340,7 +340,10 @@ def attention_cases():
     a = ATT
     kv_bytes = a["batch"] * a["kv_heads"] * a["prefix"] * a["head_dim"] * a["elem"] * 2
     rows = a["nodes"] * a["group"]
-    block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
+    import torch  # the launcher's tiles, not a copy of them
+    from specdec_ops.attention import _tile_config
+
+    block_m, block_n, block_d, num_warps, maxnreg = _tile_config(torch.bfloat16, rows, a["head_dim"])
     m_tiles = -(-rows // block_m)
     programs = m_tiles * a["batch"] * a["kv_heads"]
     splits = 1 if programs >= SMS else max(1, min(-(-2 * SMS // programs), a["prefix"] // 1024, 32))
@@ -352,11 +355,11 @@ def attention_cases():
         triton=dict(types=dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", prefix_lens_ptr="*i64",
                                mask_ptr="*i64", table_ptr="*i64", out_ptr="*bf16", lse_ptr="*fp32",
                                qk_scale="fp32"),
-                    constexprs=dict(PAGED=False, SKIP_PREFIX=False, BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=128,
-                                    IEEE=False, WHILE_LOOPS=False),
-                    num_warps=4, num_stages=2),
+                    constexprs=dict(PAGED=False, SKIP_PREFIX=False, BLOCK_M=block_m, BLOCK_N=block_n,
+                                    BLOCK_D=block_d, IEEE=False, WHILE_LOOPS=False),
+                    num_warps=num_warps, num_stages=2, **({"maxnreg": maxnreg} if maxnreg else {})),
         grid=lambda res: (programs * splits, 1), measure=_measure_attention(),
-        elems_per_trip=64 / 128)]  # BLOCK_N keys per trip over 4 warps
+        elems_per_trip=block_n / (32 * num_warps))]  # BLOCK_N keys per trip over the block's threads
 
 
 def _logits_parts(res, batch=64):
