@@ -39,7 +39,6 @@ raising on CPU) and ``synthetic_acceptance_rates`` (benchmarking: accept draft k
 from __future__ import annotations
 
 import numbers
-from typing import NamedTuple
 
 import torch
 

@@ -20,7 +20,7 @@ import torch
 
 from . import _ops, reference
 from ._backend import resolve_backend, values_checked_here
-from ._checks import (INDEX_DTYPES, call_native, check_device, check_dtype, check_rank, check_shape, check_tensor,
+from ._checks import (INDEX_DTYPES, call_native, check_device, check_dtype, check_rank, check_shape,
                       fail, first_bad)
 
 __all__ = ["TreeInfo", "build_tree", "paths_to_parents", "parents_to_paths", "topk_grid_to_parents"]

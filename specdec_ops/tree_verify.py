@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
+from ._backend import next_pow2, resolve_backend, values_checked_here
 from ._checks import (call_native, check_greedy, check_probs, check_rank, check_tree_inputs, check_tree_values, fail,
                       rng_inputs)
 from .types import TreeSampleOutput

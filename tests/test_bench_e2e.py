@@ -13,7 +13,6 @@ import random
 import sys
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 

@@ -1219,7 +1219,7 @@ def test_triton_split_chain_packed_bonus_ids_and_rates_equal_the_cpu_op():
     from specdec_ops.logits import _launch_chain
 
     logits, drafts, num, temperature, q, seeds = _split_cases()
-    batch, k, vocab = drafts.shape[0], drafts.shape[1], logits.shape[-1]
+    batch, k = drafts.shape[0], drafts.shape[1]
     cu = torch.cat([torch.zeros(1, dtype=torch.int64), num.cumsum(0)])
     packed_drafts = torch.cat([drafts[b, :num[b]] for b in range(batch)])
     packed_q = torch.cat([q[b, :num[b]] for b in range(batch)])
