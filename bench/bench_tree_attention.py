@@ -11,6 +11,11 @@ GPU (``--device cuda``): the Triton ``tree_attention`` kernel vs
 Goal on an H200: Triton tree attention within 1.15x of the dense decode baseline.
 Achieved bandwidth counts the K/V bytes read once.
 
+On CUDA a second table (``--tiles``, on by default there) times the kernel at the reference shape (B = 64,
+N = 16, GQA 4, D = 128, prefix 8k) with the launcher's tile configuration (``_tile_config``) and the
+alternatives the static model (bench/roofline.py) ranks: (BLOCK_M, BLOCK_N, BLOCK_D, num_warps, maxnreg),
+each checked against the launcher's output. It is how a lent GPU decides between them.
+
     python bench/bench_tree_attention.py --device cuda [--quick] [--json out.json]
     nsys profile --capture-range=cudaProfilerApi python bench/bench_tree_attention.py --device cuda
 """
@@ -18,12 +23,17 @@ Achieved bandwidth counts the K/V bytes read once.
 from __future__ import annotations
 
 import itertools
+import json
 
 import torch
 import torch.nn.functional as F
 from common import Table, base_parser, gbps, nvtx_range, peak_bandwidth_gbps, profiled_region, time_fn
 
 import specdec_ops
+from specdec_ops import attention
+
+# (BLOCK_M, BLOCK_N, BLOCK_D, num_warps, maxnreg) tried beside the launcher's own at the reference shape
+TILE_CANDIDATES = [(64, 64, 128, 4, None), (64, 64, 128, 8, None), (64, 32, 128, 4, None), (32, 64, 128, 4, None)]
 
 
 def random_tree(batch: int, n: int, device: str):
@@ -67,6 +77,8 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=0,
                         help="cache slots per request (default prefix + N); e.g. --capacity 32768 with a 2k "
                              "prefix checks that the split-KV work follows the prefix, not the cache")
+    parser.add_argument("--tiles", choices=["auto", "on", "off"], default="auto",
+                        help="time the kernel's tile configurations at the reference shape (auto: on CUDA)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -124,7 +136,45 @@ def main() -> None:
                                repeat=repeat)
                 row.update(fa_causal_ms=t_fa, ratio_vs_fa=t_tree / t_fa)
             table.add(**row)
-    table.write_json(args.json)
+    rows = table.rows
+    if args.tiles == "on" or args.tiles == "auto" and device == "cuda":
+        rows = rows + tile_table(device, dtype, repeat).rows
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def tile_table(device: str, dtype: torch.dtype, repeat: int, batch: int = 64, n: int = 16, prefix: int = 8192,
+               hq: int = 32, hk: int = 8, d: int = 128) -> Table:
+    """The tree attention kernel at one shape under the launcher's tile configuration and each of
+    TILE_CANDIDATES (the launcher's ``_tile_config`` replaced for the call, restored after): ms, GB/s,
+    x the launcher's time, and the largest difference from the launcher's output."""
+    q, k, v, prefix_lens, info = make_inputs(batch, n, prefix, hq, hk, d, dtype, device)
+    kv_bytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
+    own = attention._tile_config(dtype, n * (hq // hk), d)
+    run = lambda: specdec_ops.tree_attention(q, k, v, prefix_lens, info.mask, backend="triton")  # noqa: E731
+    base_out = run()
+    table = Table(["tiles", "B", "N", "prefix", "tile", "tree_ms", "tree_GBps", "x_launcher", "max_diff"])
+    t_own = None
+    saved = attention._tile_config
+    try:
+        for tile in [own] + [t for t in TILE_CANDIDATES if t != own]:
+            attention._tile_config = lambda *_, tile=tile: tile
+            try:
+                out = run()
+                with nvtx_range(f"tree_attention tile={tile}", device):
+                    t = time_fn(run, device, repeat=repeat)
+            except Exception as e:      # a configuration this Triton cannot compile or launch
+                print(f"tile {tile}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                continue
+            t_own = t if t_own is None else t_own
+            table.add(tiles="launcher" if tile == own else "candidate", B=batch, N=n, prefix=prefix,
+                      tile="x".join("-" if x is None else str(x) for x in tile), tree_ms=t,
+                      tree_GBps=gbps(kv_bytes, t), x_launcher=t / t_own,
+                      max_diff=float((out.float() - base_out.float()).abs().max()))
+    finally:
+        attention._tile_config = saved
+    return table
 
 
 if __name__ == "__main__":
