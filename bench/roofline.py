@@ -355,11 +355,25 @@ def attention_cases():
         triton=dict(types=dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", prefix_lens_ptr="*i64",
                                mask_ptr="*i64", table_ptr="*i64", out_ptr="*bf16", lse_ptr="*fp32",
                                qk_scale="fp32"),
+                    # What the JIT compiles for the launcher's arguments at this shape (contiguous caches, one
+                    # split): it types an int argument by its value (i32 below 2^31: every stride here), makes
+                    # those equal to 1 constexprs (the head-dim strides, lse's head stride, block_size, the one
+                    # mask word of N = 16) and marks those divisible by 16 (0 included) as such.
+                    stride_type="i32",
                     constexprs=dict(PAGED=False, SKIP_PREFIX=False, BLOCK_M=block_m, BLOCK_N=block_n,
-                                    BLOCK_D=block_d, IEEE=False, WHILE_LOOPS=False),
+                                    BLOCK_D=block_d, IEEE=False, WHILE_LOOPS=False,
+                                    stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_lh=1,
+                                    block_size=1, num_words=-(-a["nodes"] // 64)),
+                    aligned=[n for n in _attention_arg_names() if n.startswith("stride")] + ["head_dim",
+                                                                                             "table_stride"],
                     num_warps=num_warps, num_stages=2, **({"maxnreg": maxnreg} if maxnreg else {})),
         grid=lambda res: (programs * splits, 1), measure=_measure_attention(),
         elems_per_trip=block_n / (32 * num_warps))]  # BLOCK_N keys per trip over the block's threads
+
+
+def _attention_arg_names() -> list[str]:
+    from specdec_ops.triton_kernels.tree_attention import tree_attention_kernel
+    return list(tree_attention_kernel.arg_names)
 
 
 def _logits_parts(res, batch=64):
@@ -782,14 +796,18 @@ def compile_triton(cuobjdump, case, workdir):
         elif n.endswith("_ptr"):
             sig[n] = "*i64"
         elif n.startswith("stride") or n.endswith("_stride"):
-            sig[n] = "i64"
+            sig[n] = spec.get("stride_type", "i64")
         else:
             sig[n] = "i32"
     missing = [n for n in names if sig[n] == "i32" and n.isupper()]
     if missing:
         raise RuntimeError(f"{case.source}: no value for constexpr {missing} in bench/roofline.py")
-    # Pointers from the torch allocator are 16-byte aligned: the launcher's specialization.
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n].startswith("*")}
+    # Pointers from the torch allocator are 16-byte aligned: the launcher's specialization; so are the integer
+    # arguments the case names in "aligned" (the JIT specializes those divisible by 16, e.g. the strides of a
+    # contiguous cache with D = 128).
+    aligned = set(spec.get("aligned", ()))
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
+             if sig[n].startswith("*") or n in aligned and sig[n] != "constexpr"}
     options = dict(num_warps=spec.get("num_warps", 4), num_stages=spec.get("num_stages", 3))
     if "maxnreg" in spec:
         options["maxnreg"] = spec["maxnreg"]  # the launcher's register cap (ptxas .maxnreg)
