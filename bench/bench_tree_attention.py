@@ -23,7 +23,6 @@ each checked against the launcher's output. It is how a lent GPU decides between
 from __future__ import annotations
 
 import itertools
-import json
 
 import torch
 import torch.nn.functional as F
@@ -137,12 +136,9 @@ def main() -> None:
                                repeat=repeat)
                 row.update(fa_causal_ms=t_fa, ratio_vs_fa=t_tree / t_fa)
             table.add(**row)
-    rows = table.rows
     if args.tiles == "on" or args.tiles == "auto" and device == "cuda":
-        rows = rows + tile_table(device, dtype, repeat).rows
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        table.rows += tile_table(device, dtype, repeat).rows
+    table.write_json(args.json)
 
 
 def tile_table(device: str, dtype: torch.dtype, repeat: int, batch: int = 64, n: int = 16, prefix: int = 8192,

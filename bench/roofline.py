@@ -347,6 +347,7 @@ def attention_cases():
     m_tiles = -(-rows // block_m)
     programs = m_tiles * a["batch"] * a["kv_heads"]
     splits = 1 if programs >= SMS else max(1, min(-(-2 * SMS // programs), a["prefix"] // 1024, 32))
+    jit = _jit_specialization(_attention_int_args(splits))
     return [Case(
         name="tree_attention_triton", backend="triton", source="triton_kernels.tree_attention:tree_attention_kernel",
         shape=f"B=64 N=16 GQA4 D=128 bf16 prefix 8k (x{m_tiles} m-tiles)", loop="mma", streams=2,
@@ -355,25 +356,42 @@ def attention_cases():
         triton=dict(types=dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", prefix_lens_ptr="*i64",
                                mask_ptr="*i64", table_ptr="*i64", out_ptr="*bf16", lse_ptr="*fp32",
                                qk_scale="fp32"),
-                    # What the JIT compiles for the launcher's arguments at this shape (contiguous caches, one
-                    # split): it types an int argument by its value (i32 below 2^31: every stride here), makes
-                    # those equal to 1 constexprs (the head-dim strides, lse's head stride, block_size, the one
-                    # mask word of N = 16) and marks those divisible by 16 (0 included) as such.
-                    stride_type="i32",
+                    # what the JIT compiles for the launcher's integer arguments at this shape
+                    stride_type=jit["stride_type"], aligned=jit["aligned"],
                     constexprs=dict(PAGED=False, SKIP_PREFIX=False, BLOCK_M=block_m, BLOCK_N=block_n,
-                                    BLOCK_D=block_d, IEEE=False, WHILE_LOOPS=False,
-                                    stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_lh=1,
-                                    block_size=1, num_words=-(-a["nodes"] // 64)),
-                    aligned=[n for n in _attention_arg_names() if n.startswith("stride")] + ["head_dim",
-                                                                                             "table_stride"],
+                                    BLOCK_D=block_d, IEEE=False, WHILE_LOOPS=False, **jit["constants"]),
                     num_warps=num_warps, num_stages=2, **({"maxnreg": maxnreg} if maxnreg else {})),
         grid=lambda res: (programs * splits, 1), measure=_measure_attention(),
         elems_per_trip=block_n / (32 * num_warps))]  # BLOCK_N keys per trip over the block's threads
 
 
-def _attention_arg_names() -> list[str]:
-    from specdec_ops.triton_kernels.tree_attention import tree_attention_kernel
-    return list(tree_attention_kernel.arg_names)
+def _attention_int_args(splits: int) -> dict[str, int]:
+    """The integer arguments specdec_ops.attention._launch_tree_attention passes at the ATT shape (contiguous
+    [B, S, Hk, D] caches of S = prefix + N slots, q and out [B, N, Hq, D], lse [B, N, Hq]; one split: the
+    output strides lead with 0), those the kernel marks do_not_specialize left out."""
+    a = ATT
+    hq, n, d, slots = a["kv_heads"] * a["group"], a["nodes"], a["head_dim"], a["prefix"] + a["nodes"]
+    q = (n * hq * d, hq * d, d, 1)
+    kv = (slots * a["kv_heads"] * d, a["kv_heads"] * d, d, 1)
+    out = (0, *q) if splits == 1 else (a["batch"] * n * hq * d, *q)
+    lse = (0, n * hq, hq, 1) if splits == 1 else (a["batch"] * n * hq, n * hq, hq, 1)
+    names = dict(zip(("stride_qb", "stride_qn", "stride_qh", "stride_qd"), q))
+    names.update(zip(("stride_k0", "stride_k1", "stride_kh", "stride_kd"), kv))
+    names.update(zip(("stride_v0", "stride_v1", "stride_vh", "stride_vd"), kv))
+    names.update(zip(("stride_os", "stride_ob", "stride_on", "stride_oh", "stride_od"), out))
+    names.update(zip(("stride_ls", "stride_lb", "stride_ln", "stride_lh"), lse))
+    names.update(num_words=-(-n // 64), group=a["group"], num_kv_heads=a["kv_heads"], block_size=1,
+                 table_stride=0, head_dim=d)
+    return names
+
+
+def _jit_specialization(values: dict[str, int]) -> dict:
+    """How Triton's JIT specializes integer arguments by value: 1 becomes a constant, a multiple of 16 (0
+    included) is marked divisible by 16, and an int is typed i32 below 2^31. Returns the compile_triton keys:
+    constants, aligned, and stride_type (i32 when every stride fits)."""
+    return dict(constants={k: 1 for k, v in values.items() if v == 1},
+                aligned=[k for k, v in values.items() if v != 1 and v % 16 == 0],
+                stride_type="i32" if all(abs(v) < 2 ** 31 for k, v in values.items() if "stride" in k) else "i64")
 
 
 def _logits_parts(res, batch=64):
