@@ -351,6 +351,61 @@ def test_forward_logits_at_equals_full_logits_rows(target, keep_limit, monkeypat
     torch.testing.assert_close(rows, full[torch.arange(2), at], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_narrow_linear_is_linear(rows, bias):
+    """Inside NarrowLinear, F.linear over 2..NARROW_ROWS rows (W @ x^T) equals F.linear to rounding, has
+    F.linear's shape and is contiguous; other row counts and dtypes fall through to F.linear unchanged."""
+    import torch.nn.functional as F
+
+    from specdec_ops.decoding.forward import NARROW_ROWS, NarrowLinear
+
+    assert NARROW_ROWS == 4
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(48, 40, generator=gen)
+    b = torch.randn(48, generator=gen) if bias else None
+    for shape in ((rows, 40), (1, rows, 40)):
+        x = torch.randn(*shape, generator=gen)
+        exact = x.double() @ w.double().T + (b.double() if bias else 0)
+        with NarrowLinear():
+            out = F.linear(x, w, b)
+            out_kw = F.linear(x, w, bias=b)
+            half = F.linear(x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16())
+        assert out.shape == (*shape[:-1], 48) and out.is_contiguous()
+        torch.testing.assert_close(out.double(), exact, atol=1e-4, rtol=1e-5)
+        assert torch.equal(out_kw, out)
+        if rows == 1 or rows > NARROW_ROWS:  # not taken: bit for bit F.linear
+            assert torch.equal(out, F.linear(x, w, b))
+        assert torch.equal(half, F.linear(x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16()))
+
+
+@pytest.mark.parametrize("batch,width", [(1, 1), (1, 2), (1, 4), (1, 5), (2, 2), (2, 3), (3, 1)])
+def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width, monkeypatch):
+    """forward() on CPU enters NarrowLinear exactly when batch x window is 2..NARROW_ROWS rows, and its
+    logits equal those of the plain F.linear forward to rounding."""
+    from specdec_ops.decoding import forward as forward_mod
+
+    entered = []
+
+    class Recording(forward_mod.NarrowLinear):
+        def __enter__(self):
+            entered.append(True)
+            return super().__enter__()
+
+    monkeypatch.setattr(forward_mod, "NarrowLinear", Recording)
+    tokens = torch.tensor([PROMPTS[0][i:i + width] for i in range(batch)])
+    results = []
+    with torch.inference_mode():
+        for limit in (forward_mod.NARROW_ROWS, 0):
+            monkeypatch.setattr(forward_mod, "NARROW_ROWS", limit)
+            cache = forward_mod.RaggedKVCache(target, batch, 16, torch.device("cpu"), torch.float32)
+            cache.seq_lens.fill_(3)
+            mask, depth = forward_mod.chain_tree(width, batch, tokens.device)
+            results.append(forward_mod.forward(target, cache, tokens, cache.seq_lens, depth, mask))
+    assert len(entered) == (1 if 2 <= batch * width <= 4 else 0)
+    torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 
