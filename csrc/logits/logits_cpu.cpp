@@ -18,12 +18,22 @@ namespace {
 using cpu::load;
 using cpu::TypeTag;
 
-// Scratch of one thread for one row: keys and e = exp(z) (x itself for greedy rows).
+// Scratch of one thread for one row: keys and e = exp(z). Sized by the first row that
+// samples (analyze_row): greedy rows read the logits alone, so an all-greedy call
+// allocates nothing (two zero-filled vocabulary-sized vectors per call were most of a
+// greedy step's cost on a CPU).
 struct RowScratch {
   std::vector<uint32_t> key;
   std::vector<float> e;
   std::vector<int32_t> survivors, cand, next;
-  explicit RowScratch(int64_t vocab) : key(vocab), e(vocab) {}
+  int64_t vocab = 0;
+  explicit RowScratch(int64_t v) : vocab(v) {}
+  void ensure() {
+    if (static_cast<int64_t>(e.size()) < vocab) {
+      key.resize(vocab);
+      e.resize(vocab);
+    }
+  }
 };
 
 // The processed distribution of one row, as a function of its scratch.
@@ -119,6 +129,18 @@ template <typename T>
 Row analyze_row(const void* logits, int64_t row, int64_t vocab, const RowSampling& s, RowScratch& w) {
   Row r;
   r.greedy = row_is_greedy(s);
+  if (r.greedy) {
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float x = logit_value(load<T>(logits, row, vocab, i));
+      if (x > r.m) {
+        r.m = x;
+        r.argmax = i;
+      }
+    }
+    r.has_mass = r.m > -INFINITY;
+    return r;
+  }
+  w.ensure();
   for (int64_t i = 0; i < vocab; ++i) {
     const float x = logit_value(load<T>(logits, row, vocab, i));
     w.e[i] = x;
@@ -128,7 +150,7 @@ Row analyze_row(const void* logits, int64_t row, int64_t vocab, const RowSamplin
     }
   }
   r.has_mass = r.m > -INFINITY;
-  if (r.greedy || !r.has_mass) return r;
+  if (!r.has_mass) return r;
   r.temperature = s.temperature;
   r.filtered = row_has_filter(s);
   double total = 0.0;
@@ -174,8 +196,8 @@ Row analyze_row(const void* logits, int64_t row, int64_t vocab, const RowSamplin
   return r;
 }
 
-// log p(token) under the row's processed distribution (greedy: log_softmax of x, which
-// the scratch still holds for greedy rows).
+// log p(token) under the row's processed distribution (greedy: log_softmax of x, read
+// again from the logits).
 template <typename T>
 float row_logprob(const Row& r, const RowScratch& w, const void* logits, int64_t row, int64_t vocab,
                   int64_t token) {
@@ -183,7 +205,7 @@ float row_logprob(const Row& r, const RowScratch& w, const void* logits, int64_t
   const float x = logit_value(load<T>(logits, row, vocab, token));
   if (r.greedy) {
     double sum = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) sum += exp_f(w.e[i] - r.m);
+    for (int64_t i = 0; i < vocab; ++i) sum += exp_f(logit_value(load<T>(logits, row, vocab, i)) - r.m);
     return (x - r.m) - log_f(static_cast<float>(sum));
   }
   const float z = scaled_logit(x, r.m, r.temperature);
