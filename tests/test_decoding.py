@@ -406,6 +406,42 @@ def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width,
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("batch,width", [(1, 1), (2, 1), (2, 3), (1, 5)])
+def test_forward_with_one_prefix_for_all_equals_the_general_path(target, batch, width, monkeypatch):
+    """A window at the same slot for every request writes its K/V by slices (KVWindow.uniform_start) and a
+    one-node window gets an all-zero bias (attention_bias): logits and cache equal the index_put path's and
+    tree_attention_bias's."""
+    from specdec_ops.decoding import forward as forward_mod
+
+    start = 4
+    mask, depth = forward_mod.chain_tree(width, batch, torch.device("cpu"))
+    seen = torch.full((batch,), start, dtype=torch.long)
+    assert torch.equal(forward_mod.attention_bias(mask, seen, start + width, torch.float32, start),
+                       specdec_ops.tree_attention_bias(mask, seen, start + width, dtype=torch.float32))
+    tokens = torch.tensor([PROMPTS[0][b:b + width] for b in range(batch)])
+    prefix = torch.tensor([PROMPTS[2][:start]] * batch)
+    results = []
+    for general in (False, True):
+        if general:
+            class General(forward_mod.KVWindow):
+                def __init__(self, cache, slots, kv_len, uniform_start=None):
+                    super().__init__(cache, slots, kv_len, None)
+
+            monkeypatch.setattr(forward_mod, "KVWindow", General)
+            monkeypatch.setattr(forward_mod, "attention_bias", lambda m, s, n, d, u=None:
+                                specdec_ops.tree_attention_bias(m, s, n, dtype=d))
+        with torch.inference_mode():
+            cache = forward_mod.RaggedKVCache(target, batch, 16, torch.device("cpu"), torch.float32)
+            pm, pd = forward_mod.chain_tree(start, batch, torch.device("cpu"))
+            forward_mod.forward(target, cache, prefix, cache.seq_lens, pd, pm)
+            cache.seq_lens.fill_(start)
+            logits = forward_mod.forward(target, cache, tokens, cache.seq_lens, depth, mask)
+        results.append((logits, [t.clone() for t in cache.keys + cache.values]))
+    (fast, fast_kv), (slow, slow_kv) = results
+    assert torch.equal(fast, slow)
+    assert all(torch.equal(a, b) for a, b in zip(fast_kv, slow_kv))
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 

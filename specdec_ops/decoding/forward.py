@@ -54,18 +54,25 @@ class RaggedKVCache:
 
 class KVWindow:
     """One forward's view of a RaggedKVCache: writes the window's K/V at ``slots [B, Q]`` and returns the
-    first ``kv_len`` slots of every layer."""
+    first ``kv_len`` slots of every layer. ``uniform_start``: the window's first slot when it is the same
+    for every request (batch 1 always): the writes are then one slice copy per tensor instead of an
+    index_put."""
 
     is_compileable = False
 
-    def __init__(self, cache: RaggedKVCache, slots: torch.Tensor, kv_len: int):
-        self.cache, self.slots, self.kv_len = cache, slots, kv_len
+    def __init__(self, cache: RaggedKVCache, slots: torch.Tensor, kv_len: int, uniform_start: int | None = None):
+        self.cache, self.slots, self.kv_len, self.uniform_start = cache, slots, kv_len, uniform_start
         self.rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         k, v = self.cache.keys[layer_idx], self.cache.values[layer_idx]
-        k[self.rows, :, self.slots] = key_states.transpose(1, 2).to(k.dtype)
-        v[self.rows, :, self.slots] = value_states.transpose(1, 2).to(v.dtype)
+        if self.uniform_start is not None:
+            window = slice(self.uniform_start, self.uniform_start + self.slots.shape[1])
+            k[:, :, window] = key_states
+            v[:, :, window] = value_states
+        else:
+            k[self.rows, :, self.slots] = key_states.transpose(1, 2).to(k.dtype)
+            v[self.rows, :, self.slots] = value_states.transpose(1, 2).to(v.dtype)
         return k[:, :, :self.kv_len], v[:, :, :self.kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -97,11 +104,13 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
     batch, width = tokens.shape
     start = start.long()
     slots = start[:, None] + torch.arange(width, device=tokens.device)
-    kv_len = (int(start.max()) if batch else 0) + width
+    lowest, highest = torch.stack(torch.aminmax(start)).tolist() if batch else (0, 0)   # one host read
+    kv_len = highest + width
     if kv_len > cache.capacity:
         raise RuntimeError(f"KV cache overflow: need {kv_len} slots, capacity {cache.capacity}")
     dtype = next(model.parameters()).dtype
-    kwargs = {_cache_kwarg(type(model)): KVWindow(cache, slots, kv_len)}
+    uniform = lowest if lowest == highest and lowest >= 0 else None
+    kwargs = {_cache_kwarg(type(model)): KVWindow(cache, slots, kv_len, uniform)}
     if getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION:
         kwargs.update(tree_mask=mask.contiguous(), prefix_lens=start)
         if tree_attention_backend is not None:
@@ -112,7 +121,7 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
             and batch * batch * vocab_size(model) <= _KEEP_LIMIT)
     if kept:
         kwargs["logits_to_keep"] = logits_at
-    bias = ops.tree_attention_bias(mask, start, kv_len, dtype=dtype)
+    bias = attention_bias(mask, start, kv_len, dtype, uniform)
     narrow = tokens.device.type == "cpu" and 2 <= batch * width <= NARROW_ROWS
     with NarrowLinear() if narrow else contextlib.nullcontext():
         out = model(input_ids=tokens, position_ids=start[:, None] + depth.long(), attention_mask=bias,
@@ -122,6 +131,15 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
         return logits.float()
     rows = torch.arange(batch, device=logits.device)
     return logits[rows, rows if kept else logits_at].float()
+
+
+def attention_bias(mask: torch.Tensor, start: torch.Tensor, kv_len: int, dtype: torch.dtype,
+                   uniform_start: int | None = None) -> torch.Tensor:
+    """``tree_attention_bias(mask, start, kv_len, dtype=dtype)``; a window of one node per request after
+    the same prefix for every request (``uniform_start``) sees every key, itself included: zeros."""
+    if mask.shape[1] == 1 and uniform_start is not None:
+        return torch.zeros(mask.shape[0], 1, 1, kv_len, device=mask.device, dtype=dtype)
+    return ops.tree_attention_bias(mask, start, kv_len, dtype=dtype)
 
 
 # Above this many logit elements (B x B rows of V) keeping B positions for every request through
