@@ -9,7 +9,8 @@ half. Methods, all in this process, with the chat template:
   default    SpeculativeDecoder(model, **default_setup(model, tokenizer)): what the CLI runs
   ngram      SpeculativeDecoder(model, NGramDrafter(), num_speculative_tokens=10): classic prompt lookup
   (--variants adds configurations under study: nocursor = default without CopyCursor, bymatch =
-  ByMatchLength((0, 16, 32)) with CopyCursor, k = 32)
+  ByMatchLength((0, 16, 32)) with CopyCursor, k = 32, linear = default with the loop's forward through
+  F.linear in every layer, NarrowLinear off, its cost table measured so)
   (--ceiling adds the bounds every drafter in this loop lies between:
   oracle     a perfect drafter (ReplayDrafter): it drafts the tokens plain generate produced for the
              prompt, at each step the length that emits most tokens per verify cost (all accepted), at
@@ -41,6 +42,7 @@ other; every method runs with the same setting. --plot draws with matplotlib whe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -65,6 +67,20 @@ def load_prompts(split: str = "all", path: str = PROMPTS_PATH) -> list[dict]:
     with open(path) as f:
         prompts = json.load(f)["prompts"]
     return [p for p in prompts if split == "all" or p["split"] == split]
+
+
+@contextlib.contextmanager
+def linear_forward():
+    """The loop's forward with every linear layer through F.linear (NarrowLinear off): the "linear"
+    variant, default_setup as it was before NarrowLinear."""
+    from specdec_ops.decoding import forward as forward_mod
+
+    rows = forward_mod.NARROW_ROWS
+    forward_mod.NARROW_ROWS = 0
+    try:
+        yield
+    finally:
+        forward_mod.NARROW_ROWS = rows
 
 
 def main() -> None:
@@ -123,6 +139,8 @@ def main() -> None:
         decoders["bymatch"] = SpeculativeDecoder(
             model, NGramDrafter(n=3, length=ByMatchLength((0, 16, 32)), rerank=[CopyCursor(8)]),
             num_speculative_tokens=32)
+        with linear_forward():                  # its cost model measures the forward it will run
+            decoders["linear"] = SpeculativeDecoder(model, **default_setup(model, tokenizer))
 
     oracle = None
     if args.ceiling:
@@ -142,13 +160,14 @@ def main() -> None:
                              eos_token_id=eos, pad_token_id=eos, **extra)
         return out[0, len(p):].tolist(), None
 
-    def ours(decoder):
+    def ours(decoder, name):
         def run(p):
-            out = decoder.generate([p], max_new_tokens=max_new, eos_token_id=eos)
+            with linear_forward() if name == "linear" else contextlib.nullcontext():
+                out = decoder.generate([p], max_new_tokens=max_new, eos_token_id=eos)
             return out.sequences[0], out.stats
         return run
 
-    methods = {"plain": hf, "lookup": lambda p: hf(p, 10), **{name: ours(d) for name, d in decoders.items()}}
+    methods = {"plain": hf, "lookup": lambda p: hf(p, 10), **{name: ours(d, name) for name, d in decoders.items()}}
     if args.methods:
         chosen = set(args.methods.split(",")) | {"plain", "lookup"}
         unknown = chosen - set(methods)
