@@ -62,7 +62,9 @@ class KVWindow:
 
     def __init__(self, cache: RaggedKVCache, slots: torch.Tensor, kv_len: int, uniform_start: int | None = None):
         self.cache, self.slots, self.kv_len, self.uniform_start = cache, slots, kv_len, uniform_start
-        self.rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
+        # request index of every window slot, for the general path's index_put only
+        self.rows = None if uniform_start is not None else \
+            torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         k, v = self.cache.keys[layer_idx], self.cache.values[layer_idx]
