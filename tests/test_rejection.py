@@ -955,6 +955,31 @@ def test_split_ties_take_the_first_index_across_parts(parts):
 
 
 @needs_triton
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_split_greedy_scan_two_tiles_per_trip(parts):
+    # slice_argmax folds two tiles per trip, the first then the second, into one running best per lane: a
+    # lane sees index i, then i + BLOCK, then i + 2 BLOCK. Ties within one lane across the two tiles of a trip
+    # (3, 19), from a trip's second tile to the next trip's first (18, 34), across a part's end that falls
+    # inside a trip (3 parts of 3 tiles: part 0's second trip reads tiles 2 and 3, tile 3 is part 1's), and
+    # in the row's last, partial tile (97, 99): the first index wins, as a scan of the row in order.
+    ties = [[3, 19], [18, 34], [40, 50], [97, 99], [50, 47]]
+    batch = len(ties)
+    p = torch.full((batch, 2, SPLIT_VOCAB), 1e-4)
+    for b, at in enumerate(ties):
+        p[b, 0, at] = 0.5
+        p[b, 1, 5] = 1.0
+    args = dict(target_probs=p, draft_token_ids=torch.zeros(batch, 1, dtype=torch.int64),
+                num_draft_tokens=torch.ones(batch, dtype=torch.int64), draft_probs=None,
+                seeds=torch.arange(batch), offsets=torch.zeros(batch, dtype=torch.int64))
+    greedy = torch.ones(batch, dtype=torch.bool)
+    want = [min(at) for at in ties]
+    for while_loops in (False, True):
+        out = split_call(args, parts, greedy, while_loops=while_loops)
+        assert out.token_ids[:, 0].tolist() == want and out.num_accepted.tolist() == [0] * batch
+    assert_same(out, call(args, "cpu", greedy))
+
+
+@needs_triton
 @pytest.mark.parametrize("parts", [1, 3, 7])
 def test_split_residual_without_mass_races_over_p(parts):
     # q == p on the draft row and p(x) = 0: x is rejected (u q(x) < p(x) fails) and max(p - q, 0) has no

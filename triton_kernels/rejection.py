@@ -77,27 +77,33 @@ def row_argmax(row_ptr, vocab, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _argmax_tile(row_ptr, start, best, best_index, vocab, BLOCK: tl.constexpr):
+def _argmax_tiles(row_ptr, start, hi, best, best_index, BLOCK: tl.constexpr):
+    """Two tiles per trip: both loads are issued before either is used (64 bytes in flight per thread at
+    BLOCK = 1024 over 128 threads, fp32), then folded in index order, so each lane still sees its indices in
+    increasing order. Entries at or past `hi` (the slice's end, at most the row's) load 0."""
     idx = start + tl.arange(0, BLOCK)
-    p = tl.load(row_ptr + idx, mask=idx < vocab, other=0.0).to(tl.float32)
-    return lane_argmax_update(prob_mass(p), idx, best, best_index)
+    p = tl.load(row_ptr + idx, mask=idx < hi, other=0.0).to(tl.float32)
+    p_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < hi, other=0.0).to(tl.float32)
+    best, best_index = lane_argmax_update(prob_mass(p), idx, best, best_index)
+    return lane_argmax_update(prob_mass(p_next), idx + BLOCK, best, best_index)
 
 
 @triton.jit
 def slice_argmax(row_ptr, lo, hi, vocab, BLOCK: tl.constexpr, WHILE_LOOPS: tl.constexpr):
     """(largest prob_mass, its first index) over entries [lo, hi) of one row, lo a multiple of BLOCK (int32
-    scalars); (-1, 0) for an empty slice. Entries past the row load 0 and never win (see row_argmax: the
-    slice's own first entry has at least that score and a smaller index)."""
+    scalars); (-1, 0) for an empty slice. Entries past the slice (or the row) load 0 and never win (see
+    row_argmax: the slice's own first entry has at least that score and a smaller index)."""
     best = tl.full([BLOCK], -1.0, tl.float32)
     best_index = tl.zeros([BLOCK], tl.int32)
+    end = tl.minimum(hi, vocab)
     if WHILE_LOOPS:  # triton 3.6's interpreter cannot take a runtime range() bound
         start = lo
         while start < hi:
-            best, best_index = _argmax_tile(row_ptr, start, best, best_index, vocab, BLOCK)
-            start += BLOCK
+            best, best_index = _argmax_tiles(row_ptr, start, end, best, best_index, BLOCK)
+            start += 2 * BLOCK
     else:
-        for start in range(lo, hi, BLOCK):
-            best, best_index = _argmax_tile(row_ptr, start, best, best_index, vocab, BLOCK)
+        for start in range(lo, hi, 2 * BLOCK):
+            best, best_index = _argmax_tiles(row_ptr, start, end, best, best_index, BLOCK)
     return lanes_argmax(best, best_index)
 
 
