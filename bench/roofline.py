@@ -504,12 +504,13 @@ def logits_cases():
 
 SPLIT_CHUNK = 8192   # specdec_ops/logits.py SPLIT_CHUNK
 SPLIT_BLOCK = 1024   # specdec_ops/logits.py _block (compiled)
+SPLIT_PART_BLOCK = 4096  # specdec_ops/logits.py _partials_block(SPLIT_CHUNK)
 
 
 def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
     """Triton chain verification without filters (specdec_ops/logits.py _launch_chain): two kernels.
-    chain_row_partials_kernel, grid (B x (K+1), chunks of SPLIT_CHUNK): each row read once, an online max and
-    exp-sum per chunk, 20 B of partials written per chunk; then chain_walk_race_kernel, grid (B, chunks): the
+    chain_row_partials_kernel, grid (B x (K+1), chunks of SPLIT_CHUNK): each row read once, per tile of
+    SPLIT_PART_BLOCK entries a max and an exp-sum against the running max, 20 B of partials written per chunk; then chain_walk_race_kernel, grid (B, chunks): the
     partials read back by every program of the request (the walk over K+1 rows), the bonus row's race over
     one chunk per program, 24 B of winners per program plus the ticket. The race kernel's row is counted
     from HBM again (it may sit in L2 after the first kernel: not modelled)."""
@@ -521,7 +522,7 @@ def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars
                  bonus_ptr="*i64", rates_ptr="*fp32")
     const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, LOGPROBS=False, HAS_BONUS=False,
                  HAS_RATES=False, CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=SPLIT_CHUNK,
-                 BLOCK_K=8, vocab=V, BLOCK=SPLIT_BLOCK)
+                 BLOCK_K=8, vocab=V, BLOCK=SPLIT_BLOCK, PART_BLOCK=SPLIT_PART_BLOCK)
     race = Case(name=f"logits_triton_{tag}_race", backend="triton", shape=shape, loop="race", streams=1,
                 elem_bytes=2, bytes_moved=batch * row_bytes + batch * chunks * (rows * 20 + 24) + scalars,
                 min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch, passes=1,

@@ -554,6 +554,13 @@ def _triton_process(logits, temperature, top_k, top_p, min_p):
 SPLIT_CHUNK = 8192
 
 
+def _partials_block(chunk):
+    """Tile of chain_row_partials_kernel: the largest power of two dividing `chunk`, at most 4096 (32 entries
+    per thread over 4 warps: the two reductions per tile cost under one instruction per entry, and 64 bytes
+    of bf16 are in flight per thread)."""
+    return min(chunk & -chunk, 4096)
+
+
 def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
                   batch, max_draft, packed, bonus_rows, bonus_token_ids, rates, chunk=None, block=None):
     """The Triton chain kernels: without filter tensors (top_k, top_p, min_p all None) the split pair
@@ -588,10 +595,10 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
         race_index = target.new_empty((batch, chunks), dtype=torch.int64)
         tickets = torch.zeros((batch,), dtype=torch.int32, device=target.device)
         common = dict(PACKED=packed, HAS_T=flags["HAS_T"], HAS_BONUS=bonus_token_ids is not None, CHUNKS=chunks,
-                      CHUNK=chunk, BLOCK=block)
+                      CHUNK=chunk)
         chain_row_partials_kernel[(rows, chunks)](
             target, lengths, ptrs[0], part_max, part_arg, part_sum, vocab, max_draft, ids.numel(), int(bonus_rows),
-            **common)
+            PART_BLOCK=_partials_block(chunk), **common)
         chain_walk_race_kernel[(batch, chunks)](
             target, target if draft_probs is None else draft_probs.contiguous(), ids, lengths, seeds.contiguous(),
             offsets.contiguous(), ptrs[0], part_max, part_arg, part_sum, race_score, race_index, tickets, token_ids,
@@ -599,7 +606,7 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
             target if rates is None else rates.contiguous(), vocab, max_draft, ids.numel(), int(bonus_rows),
             HAS_DRAFT_PROBS=draft_probs is not None, HAS_RATES=rates is not None, LOGPROBS=bool(return_logprobs),
             CHUNKS_P2=next_pow2(chunks),
-            BLOCK_K=next_pow2(max_draft + 1), **common)
+            BLOCK_K=next_pow2(max_draft + 1), BLOCK=block, **common)
         return token_ids, num_accepted, logprobs
     rejection_sample_logits_kernel[(batch,)](
         target, target if draft_probs is None else draft_probs.contiguous(), ids,

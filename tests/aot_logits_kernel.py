@@ -4,8 +4,8 @@ test_logits.py::test_triton_kernels_compile_for_sm90_without_a_gpu in a subproce
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specdec_ops.triton_kernels.logits import (process_logits_kernel, rejection_sample_logits_kernel,
-                                              tree_rejection_sample_logits_kernel)
+from specdec_ops.triton_kernels.logits import (chain_row_partials_kernel, chain_walk_race_kernel, process_logits_kernel,
+                                              rejection_sample_logits_kernel, tree_rejection_sample_logits_kernel)
 
 target = GPUTarget("cuda", 90, 32)
 
@@ -44,4 +44,16 @@ compile_all(tree_rejection_sample_logits_kernel,
              for has_q in (False, True)]
             + [dict(flags[1], HAS_NUM_NODES=False, HAS_DRAFT_PROBS=False, LOGPROBS=False, BLOCK_N=16, vocab=49152,
                     BLOCK=1024)])
+# the split chain pair (no filter tensors), at the launcher's sizes for V = 128256: chunks of 8192, 16 chunks
+split = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", draft_ids_ptr="*i64", lengths_ptr="*i64",
+             seeds_ptr="*i64", offsets_ptr="*i64", temperature_ptr="*fp32", part_max_ptr="*fp32", part_arg_ptr="*i64",
+             part_sum_ptr="*fp32", race_score_ptr="*fp32", race_index_ptr="*i64", tickets_ptr="*i32",
+             token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32",
+             max_draft="i32", num_draft_rows="i32", bonus_rows="i32")
+compile_all(chain_row_partials_kernel, split,
+            [dict(PACKED=packed, HAS_T=has_t, HAS_BONUS=False, CHUNKS=16, CHUNK=8192, PART_BLOCK=4096, vocab=128256)
+             for packed, has_t in ((False, False), (True, True))])
+compile_all(chain_walk_race_kernel, split,
+            [dict(PACKED=False, HAS_DRAFT_PROBS=True, HAS_T=True, LOGPROBS=True, HAS_BONUS=False, HAS_RATES=False,
+                  CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, BLOCK_K=8, BLOCK=1024, vocab=128256)])
 print("compiled")

@@ -1214,6 +1214,57 @@ def test_triton_split_chain_equals_the_cpu_op(draft_probs, logprobs, chunk):
 
 
 @pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+@pytest.mark.parametrize("has_t", [True, False], ids=["temperature", "unit"])
+def test_triton_chunk_partials_against_float64(has_t):
+    """chain_row_partials_kernel alone, chunks of 4 tiles of 16: (max, first argmax, sum of exp((x - max) / T))
+    per chunk against float64. Rows where the max is raised in a later tile (the running sum must be rescaled),
+    ties of the max across tiles (first index), leading tiles without a finite logit, a chunk without any,
+    +inf (the largest float32) and NaN (-inf) entries, tiny and large temperatures, greedy rows (T = 0: the sum
+    at T = 1). Without a temperature tensor the argmax is not computed (every request samples at T = 1 and
+    the walk never reads it): the chunk's first index stands in its place."""
+    from specdec_ops.triton_kernels.logits import chain_row_partials_kernel
+
+    g = torch.Generator().manual_seed(5)
+    batch, k, chunk, block = 6, 1, 64, 16
+    vocab = 2 * chunk + 37                               # 3 chunks, the last one partial
+    x = torch.randn(batch, k + 1, vocab, generator=g) * 4
+    x[0, 0, :chunk] = torch.linspace(-20, 5, chunk)    # the max rises in every tile of chunk 0
+    x[1, 0, [3, 20, 40]] = 30.0                        # ties of the max in tiles 0, 1, 2 -> 3
+    x[1, 1, 70:100] = 30.0                             # ties inside chunk 1 from its first tile on -> 70
+    x[2, 0, :40] = float("-inf")                       # leading tiles without a finite logit
+    x[2, 0, 40] = float("nan")
+    x[2, 1, chunk:2 * chunk] = float("-inf")           # chunk 1 without a finite logit
+    x[3, 0, 50] = float("inf")                         # the largest float32: the max, every other entry 0
+    x[3, 1, chunk + 5] = float("nan")
+    temperature = torch.tensor([1.0, 0.0, 0.7, 2.5, 1e-3, 40.0])
+    num = torch.ones(batch, dtype=torch.int64)
+    chunks = -(-vocab // chunk)
+    part_max = torch.full((batch * (k + 1), chunks), 7.0)
+    part_arg = torch.full((batch * (k + 1), chunks), -9, dtype=torch.int64)
+    part_sum = torch.full((batch * (k + 1), chunks), 7.0)
+    chain_row_partials_kernel[(batch * (k + 1), chunks)](
+        x, num, temperature, part_max, part_arg, part_sum, vocab, k, batch * k, 1,
+        PACKED=False, HAS_T=has_t, HAS_BONUS=False, CHUNKS=chunks, CHUNK=chunk, PART_BLOCK=block)
+    flat = x.reshape(batch * (k + 1), vocab).double()
+    flat = torch.where(flat.isnan(), float("-inf"), flat).clamp(max=torch.finfo(torch.float32).max)
+    for j in range(batch * (k + 1)):
+        t = float(temperature[j // (k + 1)]) if has_t else 1.0
+        t = t if t > 0 else 1.0
+        for c in range(chunks):
+            seg = flat[j, c * chunk:(c + 1) * chunk]
+            m = float(seg.max())
+            assert float(part_max[j, c]) == m, (j, c)
+            if m == float("-inf"):
+                assert float(part_sum[j, c]) == 0.0, (j, c)
+                want_arg = c * chunk
+            else:
+                want = float(torch.exp((seg - m) / t).sum())
+                assert abs(float(part_sum[j, c]) - want) <= 1e-5 * want, (j, c, float(part_sum[j, c]), want)
+                want_arg = c * chunk + int((seg == m).nonzero()[0]) if has_t else c * chunk
+            assert int(part_arg[j, c]) == want_arg, (j, c, int(part_arg[j, c]), want_arg)
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
 def test_triton_split_chain_packed_bonus_ids_and_rates_equal_the_cpu_op():
     """Packed rows without bonus rows (external bonus ids), then synthetic acceptance rates, on several chunks."""
     from specdec_ops.logits import _launch_chain

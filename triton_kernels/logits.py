@@ -558,7 +558,8 @@ def tree_rejection_sample_logits_kernel(
 # each V / BLOCK trips long. Rows without top-k / top-p / min-p need only (max, first argmax, sum of exp) per
 # row, which combine exactly over fixed chunks of the vocabulary:
 #   1. chain_row_partials_kernel, grid (B x (K + 1), chunks): each program reads one chunk of one row once
-#      (an online max and sum of exp((x - m_c) / T)) and writes (m_c, first argmax, s_c);
+#      (per tile: its max, then its sum of exp((x - m_c) / T) against the running max) and writes (m_c, first
+#      argmax, s_c);
 #   2. chain_walk_race_kernel, grid (B, chunks): each program combines the partials of the request's rows
 #      in chunk order (m = max m_c, total = sum_c exp((m_c - m) / T) s_c: the same in every program), walks
 #      the acceptance tests, then races over its own chunk of the row where the walk stopped; the program
@@ -581,14 +582,19 @@ def chain_row_partials_kernel(
     part_sum_ptr,        # float32 out [B, K+1, CHUNKS]
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr,
-    CHUNKS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr, CHUNK: tl.constexpr, PART_BLOCK: tl.constexpr,
 ):
     """(max, first argmax, sum of exp((x - max) / T)) of one chunk of one row (T = 1 for greedy rows, whose
     sum only logprobs use). Rows the walk can never enter (past the request's drafts, its bonus row with
     HAS_BONUS) are not read and their partials not written.
 
-    Per lane, online: with d = x - m_lane, exp(-|d| / T) is both the new entry's weight (x <= m_lane) and
-    the old sum's rescale (x > m_lane), so each entry costs one exp; the lanes combine once per chunk."""
+    Per tile of PART_BLOCK entries (CHUNK is a multiple of it): the tile's max (one reduction); when it raises
+    the running max m, the running sum is rescaled by exp((m_old - m) / T) and, with HAS_T, the argmax moves to
+    the tile's first index of its max (a branch per tile, taken about ln(tiles) times per chunk on i.i.d.
+    logits); then the tile's sum of exp((x - m) / T) (a second reduction). Per entry that is the sanitized
+    load, a max, a subtraction (a product by 1/T with HAS_T), an exp and an add. Without a temperature tensor
+    every request samples at T = 1 and the walk never reads the argmax (it serves greedy rows only): the
+    chunk's first index is stored in its place."""
     j = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     b = j // (max_draft + 1)
@@ -604,27 +610,25 @@ def chain_row_partials_kernel(
             inv_t = tl.where(t > 0, tl.math.div_rn(1.0, tl.minimum(t, F32_MAX)), 1.0)
         row_ptr = logits_ptr + (target_base + k) * vocab
         lo = c * CHUNK
-        lane_m = tl.full([BLOCK], float("-inf"), tl.float32)
-        lane_s = tl.zeros([BLOCK], tl.float32)
-        lane_i = tl.zeros([BLOCK], tl.int32) + lo
-        for start in range(0, CHUNK, BLOCK):
-            idx = lo + start + tl.arange(0, BLOCK)
+        m = tl.full([], float("-inf"), tl.float32)
+        total = tl.full([], 0.0, tl.float32)
+        best_index = tl.zeros([], tl.int32) + lo
+        for start in range(0, CHUNK, PART_BLOCK):
+            idx = lo + start + tl.arange(0, PART_BLOCK)
             x = load_row(row_ptr, idx, idx < vocab)
-            d = x - lane_m
-            if HAS_T:
-                d = d * inv_t
-            e = tl.where(d == d, tl.exp(-tl.abs(d)), 0.0)  # NaN: -inf against -inf, no weight
-            grows = x > lane_m
-            lane_s = tl.where(grows, lane_s * e + 1.0, lane_s + e)
-            lane_i = tl.where(grows, idx, lane_i)
-            lane_m = tl.where(grows, x, lane_m)
-        best = tl.max(lane_m, 0)
-        best_index = tl.min(tl.where((lane_m == best) & (lane_m > float("-inf")), lane_i, 0x7FFFFFFF), 0)
-        best_index = tl.where(best > float("-inf"), best_index, lo)
-        rescale = (lane_m - best) * inv_t
-        total = tl.sum(tl.where(lane_m > float("-inf"), lane_s * tl.exp(rescale), 0.0), 0)
+            tile_max = tl.max(x, 0)
+            if tile_max > m:  # m = -inf before the first finite entry: the sum so far is 0 and stays 0
+                if HAS_T:
+                    best_index = tl.min(tl.where(x == tile_max, idx, 0x7FFFFFFF), 0)
+                total = total * tl.exp((m - tile_max) * inv_t)
+                m = tile_max
+            if m > float("-inf"):  # else every entry so far is -inf (x - m would be NaN): no mass yet
+                d = x - m
+                if HAS_T:
+                    d = d * inv_t
+                total += tl.sum(tl.exp(d), 0)
         at = j * CHUNKS + c
-        tl.store(part_max_ptr + at, best)
+        tl.store(part_max_ptr + at, m)
         tl.store(part_arg_ptr + at, best_index.to(tl.int64))
         tl.store(part_sum_ptr + at, total)
 
