@@ -510,9 +510,10 @@ SPLIT_PART_BLOCK = 4096  # specdec_ops/logits.py _partials_block(SPLIT_CHUNK)
 def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
     """Triton chain verification without filters (specdec_ops/logits.py _launch_chain): two kernels.
     chain_row_partials_kernel, grid (B x (K+1), chunks of SPLIT_CHUNK): each row read once, per tile of
-    SPLIT_PART_BLOCK entries a max and an exp-sum against the running max, 20 B of partials written per chunk; then chain_walk_race_kernel, grid (B, chunks): the
-    partials read back by every program of the request (the walk over K+1 rows), the bonus row's race over
-    one chunk per program, 24 B of winners per program plus the ticket. The race kernel's row is counted
+    SPLIT_PART_BLOCK entries a max and an exp-sum against the running max, 20 B of partials written per chunk;
+    then chain_walk_race_kernel, grid (B, chunks): the partials read back by every program of the request
+    (the walk over K+1 rows), the bonus row's race over one chunk per program, 24 B of winners per program
+    plus the ticket. The race kernel's row is counted
     from HBM again (it may sit in L2 after the first kernel: not modelled)."""
     chunks = -(-V // SPLIT_CHUNK)
     partials = batch * rows * chunks * 20
