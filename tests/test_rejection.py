@@ -967,7 +967,7 @@ def test_split_greedy_scan_two_tiles_per_trip(parts):
     p = torch.full((batch, 2, SPLIT_VOCAB), 1e-4)
     for b, at in enumerate(ties):
         p[b, 0, at] = 0.5
-        p[b, 1, 5] = 1.0
+    p[:, 1, 5] = 1.0
     args = dict(target_probs=p, draft_token_ids=torch.zeros(batch, 1, dtype=torch.int64),
                 num_draft_tokens=torch.ones(batch, dtype=torch.int64), draft_probs=None,
                 seeds=torch.arange(batch), offsets=torch.zeros(batch, dtype=torch.int64))
