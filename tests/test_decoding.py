@@ -3,9 +3,11 @@
 Proves: greedy output equals the target's own generate(do_sample=False) token for token (chain and
 tree, n-gram and model drafters, default_setup, a ragged batch of 3 prompts, EOS stops); the target's
 KV cache after several steps equals a plain forward over the committed tokens; one target forward per
-step and no re-forward of accepted tokens; finished requests leave the batch; the layering (drafters
-never import the loop; importing the package registers nothing with transformers); the tree attention
-backend as a decoder keyword; clear errors for bad input; the engine example in README.md runs.
+step and no re-forward of accepted tokens; finished requests leave the batch; every forward of the loop
+and the model drafter takes its slot range from host lengths (no device read), equal to the device's; the
+layering (drafters never import the loop; importing the package registers nothing with transformers); the
+tree attention backend as a decoder keyword; clear errors for bad input; the engine example in README.md
+runs.
 Matching, length policies, re-rankers: tests/test_drafters.py. Sampling: tests/test_decoding_sampling.py.
 """
 
@@ -20,7 +22,8 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E4
 
 import specdec_ops  # noqa: E402
 from specdec_ops.decoding import (ByMatchLength, CopyCursor, CostModel, ForwardCost, GenerateOutput,  # noqa: E402
-                                  ModelDrafter, NGramDrafter, SpeculativeDecoder, default_setup)
+                                  ModelDrafter, NGramDrafter, SpeculativeDecoder, default_setup,
+                                  measure_forward_cost)
 from specdec_ops.decoding.forward import cache_kwarg  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -325,6 +328,47 @@ def test_one_target_forward_per_step_no_reforward_and_finished_requests_leave(ta
     assert batch_sizes[0] == 3 and batch_sizes == sorted(batch_sizes, reverse=True)
     finished_early = sum(len(s) < 16 for s in expected)
     assert finished_early >= 1 and batch_sizes[-1] <= 3 - finished_early
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("tree", [None, 5], ids=["chain", "tree"])
+@pytest.mark.parametrize("kind", ["ngram", "model", "self"])
+def test_every_forward_takes_its_slot_range_from_the_host(target, small_drafter, kind, tree, temperature,
+                                                          monkeypatch):
+    """The loop and the model drafter hand every forward the (min, max) of its window's start slots from host
+    lengths, so that no forward reads the device; each range equals the device tensor's (prefill, verify,
+    the drafter's catch-up, chain and tree windows), and the drafter's host lengths equal its cache's at every
+    step, while requests of a ragged batch finish at different steps (EOS) and leave."""
+    import specdec_ops.decoding.forward as fw
+
+    ranges = []
+
+    def checked(start, given):
+        assert given is not None, "a forward of the loop read its slot range from the device"
+        assert tuple(given) == tuple(torch.stack(torch.aminmax(start)).tolist())
+        ranges.append(given)
+        return given
+
+    class Checked(ModelDrafter):
+        def propose(self, batch, *args):
+            assert self.lengths == self.cache.seq_lens.tolist()
+            return super().propose(batch, *args)
+
+    free = [reference_greedy(target, p, 16) for p in PROMPTS]
+    eos = free[0][2]
+    drafter = NGramDrafter(n=3) if kind == "ngram" else Checked(small_drafter if kind == "model" else target)
+    monkeypatch.setattr(fw, "_start_range", checked)
+    out = SpeculativeDecoder(target, drafter, num_speculative_tokens=3, tree=tree).generate(
+        PROMPTS, max_new_tokens=16, eos_token_id=eos, temperature=temperature, seed=3)
+    assert len(ranges) >= out.stats.target_forwards + 1
+    assert any(lo != hi for lo, hi in ranges)              # ragged: the general path's ranges are checked too
+    if temperature == 0:
+        assert out.sequences == [reference_greedy(target, p, 16, eos=eos) for p in PROMPTS]
+        assert sum(len(s) < 16 for s in out.sequences) >= 1   # a request left the batch early
+    if kind == "ngram" and tree is None and temperature == 0:   # the start-up timing's forwards too
+        ranges.clear()
+        measure_forward_cost(target, prefix=8, widths=(1, 4), repeat=1)
+        assert len(ranges) == 1 + 2 * 2
 
 
 @pytest.mark.parametrize("keep_limit", [None, 0], ids=["logits_to_keep", "all-rows"])

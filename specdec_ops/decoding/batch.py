@@ -42,6 +42,10 @@ class Batch:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def host_lengths(self) -> list[int]:
+        """Per active request, its tokens so far (prompt and generated): ``lengths`` without a device read."""
+        return [len(h) for h in self.history]
+
     def remaining(self) -> list[int]:
         """Per active request, the tokens it may still emit."""
         return [self.max_new_tokens - (len(h) - p) for h, p in zip(self.history, self._prompt_lengths)]

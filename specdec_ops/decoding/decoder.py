@@ -108,7 +108,7 @@ class SpeculativeDecoder:
             with nvtx_range("draft"):
                 draft = self.drafter.propose(batch, self.k, self.tree, sampling)
             with nvtx_range("verify"):
-                logits = self._verify_forward(draft)                 # one target forward over every node
+                logits = self._verify_forward(draft, batch)          # one target forward over every node
             with nvtx_range("sample"):
                 out = self._verify(draft, logits, sampling, batch, logprobs)    # straight from the logits
             with nvtx_range("commit"):
@@ -147,7 +147,8 @@ class SpeculativeDecoder:
             width = max(len(p) for p in prompts)
             mask, depth = chain_tree(width, len(prompts), device)
             logits = forward(self.target, self.cache, batch.tokens[:, :width], self.cache.seq_lens, depth, mask,
-                             logits_at=batch.lengths - 1, tree_attention_backend=self.tree_attention_backend)
+                             logits_at=batch.lengths - 1, tree_attention_backend=self.tree_attention_backend,
+                             start_range=(0, 0))
             self.cache.seq_lens.copy_(batch.lengths)
             none = torch.zeros(len(prompts), 0, dtype=torch.int64, device=device)
             first = ops.rejection_sample_logits(logits[:, None], none, torch.zeros(len(prompts), dtype=torch.int64,
@@ -167,15 +168,18 @@ class SpeculativeDecoder:
         self.drafter.keep(rows)
         return sampling.select(rows)
 
-    def _verify_forward(self, draft: Draft) -> torch.Tensor:
-        """float32 logits [B, N, V] of the target at every draft node; the nodes' K/V land in the cache window."""
-        batch, width = draft.tokens.shape
+    def _verify_forward(self, draft: Draft, batch: Batch) -> torch.Tensor:
+        """float32 logits [B, N, V] of the target at every draft node; the nodes' K/V land in the cache window.
+        The cache holds every token but the root: its lengths are the batch's host lengths minus one."""
+        rows, width = draft.tokens.shape
         if draft.chain:
-            mask, depth = chain_tree(width, batch, draft.tokens.device)
+            mask, depth = chain_tree(width, rows, draft.tokens.device)
         else:
             mask, depth = tree_of(draft.parents, draft.num_nodes)
+        lengths = batch.host_lengths()
         return forward(self.target, self.cache, draft.tokens, self.cache.seq_lens, depth, mask,
-                       tree_attention_backend=self.tree_attention_backend)
+                       tree_attention_backend=self.tree_attention_backend,
+                       start_range=(min(lengths) - 1, max(lengths) - 1))
 
     def _verify(self, draft: Draft, logits, sampling: SamplingParams, batch: Batch, logprobs: bool) -> Verified:
         """Verification from the target's raw logits [B, N, V] (DESIGN.md §5.7): the ops process each row

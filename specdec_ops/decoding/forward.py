@@ -6,7 +6,9 @@ K/V go to slots ``start[b] .. start[b] + Q - 1`` (``start`` is usually ``seq_len
 window elsewhere without touching ``seq_lens``), at positions ``start + depth``, attending through the
 additive mask of ``tree_attention_bias``. The window is a per-call view (``KVWindow``) handed to the model
 as its cache: the cache object itself holds no per-forward state. After verification ``kv_commit`` moves
-the accepted entries into place and advances ``seq_lens``.
+the accepted entries into place and advances ``seq_lens``. The loop and its drafters also know every
+length on the host (``Batch.host_lengths``) and pass the window's slot range (``start_range``), so that a
+forward reads nothing back from the device.
 
 The view duck-types the part of ``transformers.Cache`` attention layers use (``update``), which works
 with transformers 5.x Llama-style models.
@@ -86,7 +88,7 @@ class KVWindow:
 
 def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tensor, depth: torch.Tensor,
             mask: torch.Tensor, logits_at: torch.Tensor | None = None,
-            tree_attention_backend: str | None = None) -> torch.Tensor:
+            tree_attention_backend: str | None = None, start_range: tuple[int, int] | None = None) -> torch.Tensor:
     """One forward of ``model`` over a window of tree nodes.
 
     Parameters
@@ -98,6 +100,9 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
     logits_at : int64 [B] or None: keep only window offset ``logits_at[b]`` per request
     tree_attention_backend : with a model switched to the ``"specdec_tree"`` attention, the backend its
         layers pass to ``tree_attention`` (None: the kernel on CUDA, SDPA over the bias elsewhere)
+    start_range : ``(min(start), max(start))`` as host ints, when the caller keeps the lengths on the host
+        (the decode loop and its drafters do): the window's size then needs no device read. None: read from
+        ``start`` (one host synchronization on a GPU). A wrong range places keys wrongly: pass the exact one.
 
     Returns
     -------
@@ -106,7 +111,7 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
     batch, width = tokens.shape
     start = start.long()
     slots = start[:, None] + torch.arange(width, device=tokens.device)
-    lowest, highest = torch.stack(torch.aminmax(start)).tolist() if batch else (0, 0)   # one host read
+    lowest, highest = _start_range(start, start_range)
     kv_len = highest + width
     if kv_len > cache.capacity:
         raise RuntimeError(f"KV cache overflow: need {kv_len} slots, capacity {cache.capacity}")
@@ -133,6 +138,13 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
         return logits.float()
     rows = torch.arange(batch, device=logits.device)
     return logits[rows, rows if kept else logits_at].float()
+
+
+def _start_range(start: torch.Tensor, given: tuple[int, int] | None) -> tuple[int, int]:
+    """(min, max) of ``start`` on the host: ``given``, else one device read ((0, 0) for an empty batch)."""
+    if given is not None:
+        return given
+    return tuple(torch.stack(torch.aminmax(start)).tolist()) if start.numel() else (0, 0)
 
 
 def attention_bias(mask: torch.Tensor, start: torch.Tensor, kv_len: int, dtype: torch.dtype,

@@ -55,7 +55,8 @@ def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: i
     cache = RaggedKVCache(model, 1, prefix + max(widths) + 1, device, dtype)
     tokens = torch.arange(prefix, device=device)[None] % vocab
     mask, depth = chain_tree(prefix, 1, device)
-    forward(model, cache, tokens, cache.seq_lens, depth, mask, logits_at=torch.tensor([prefix - 1], device=device))
+    forward(model, cache, tokens, cache.seq_lens, depth, mask, logits_at=torch.tensor([prefix - 1], device=device),
+            start_range=(0, 0))
     cache.seq_lens.fill_(prefix)
     out = {width: float("inf") for width in widths}
     for run in range(repeat + 1):                        # the first round warms up; widths interleaved
@@ -64,7 +65,7 @@ def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: i
             mask, depth = chain_tree(width, 1, device)
             _synchronize(device)
             start = time.perf_counter()
-            forward(model, cache, ids, cache.seq_lens, depth, mask)
+            forward(model, cache, ids, cache.seq_lens, depth, mask, start_range=(prefix, prefix))
             _synchronize(device)
             if run:
                 out[width] = min(out[width], time.perf_counter() - start)

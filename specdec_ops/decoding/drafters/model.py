@@ -21,8 +21,10 @@ class ModelDrafter:
     (an ancestor-closed set); children are distinct and deterministic, so verification needs no q.
 
     The drafter's cache holds the committed tokens it has forwarded (``cache.seq_lens``, written once per
-    step in ``commit``); each step first forwards the committed tokens it has not seen (the catch-up),
-    then drafts in windows placed after them.
+    step in ``commit``, and their host copy ``lengths``); each step first forwards the committed tokens it
+    has not seen (the catch-up), then drafts in windows placed after them. Every forward gets its slot
+    range from host lengths (the batch's and ``lengths``): the only device read of a step is ``commit``'s
+    of the accepted counts, which the loop reads at once anyway to emit the tokens.
     """
 
     def __init__(self, model, branch: int = 4):
@@ -39,18 +41,21 @@ class ModelDrafter:
         self.cache = RaggedKVCache(self.model, len(batch), capacity + 2, model_device(self.model),
                                    model_dtype(self.model))
         self.seeds = stream_seeds(batch.seeds, DRAFT_STREAM).to(model_device(self.model))
+        self.lengths = [0] * len(batch)   # cache.seq_lens on the host
         self._last = None   # what the last proposal left in the drafter's cache, for commit
 
     def keep(self, rows):
         self.cache.keep(rows)
         self.seeds = self.seeds.index_select(0, rows)
+        self.lengths = [self.lengths[b] for b in rows.tolist()]   # only when requests finish
 
     def commit(self, accepted_path, num_accepted):
-        kind, lengths, info = self._last
+        kind, lengths, host_lengths, info = self._last
         if kind == "chain":
             # the drafter forwarded the root and d1 .. d_forwarded in place: the accepted ones stay
-            kept = torch.minimum(num_accepted.long(), info)
+            kept = torch.clamp(num_accepted.long(), max=info)
             self.cache.seq_lens.copy_(lengths + kept)
+            self.lengths = [n + min(a, info) for n, a in zip(host_lengths, num_accepted.tolist())]
             return
         # tree: the accepted path's nodes as offsets of the drafter's last tree window (root at slot length - 1),
         # while they were forwarded (leaves never are); kv_commit moves them into place
@@ -60,10 +65,11 @@ class ModelDrafter:
         forwarded = ((path >= 0) & (offset >= 0)).long().cumprod(1).bool()
         self.cache.seq_lens.copy_(lengths - 1)
         ops.kv_commit(self.cache.commit_views(), self.cache.seq_lens, torch.where(forwarded, offset, -1))
+        self.lengths = [n - 1 + c for n, c in zip(host_lengths, forwarded.sum(1).tolist())]
 
     def propose(self, batch, k, tree, sampling) -> Draft:
         logits = self._catch_up(batch)                          # q after the root, [B, V]
-        lengths = batch.lengths
+        lengths, host = batch.lengths, batch.host_lengths()
         caps = [max(min(r - 1, k), 0) for r in batch.remaining()]
         if tree is not None:
             return self._propose_tree(batch, logits, max(1, max(caps)), tree, sampling)
@@ -77,8 +83,9 @@ class ModelDrafter:
             probs.append(q)
             if j + 1 < depth:                                   # d_{j+1} at slot length + j
                 mask, pos = chain_tree(1, len(batch), tok.device)
-                logits = forward(self.model, self.cache, tok[:, None], lengths + j, pos, mask)[:, 0]
-        self._last = ("chain", lengths, torch.full_like(lengths, max(depth - 1, 0)))
+                logits = forward(self.model, self.cache, tok[:, None], lengths + j, pos, mask,
+                                 start_range=(min(host) + j, max(host) + j))[:, 0]
+        self._last = ("chain", lengths, host, max(depth - 1, 0))
         roots = batch.tokens.gather(1, (lengths - 1)[:, None])
         draft_tokens = torch.cat([roots] + [t[:, None] for t in tokens], dim=1)
         num_nodes = torch.tensor([c + 1 for c in caps], dtype=torch.int64, device=draft_tokens.device)
@@ -94,16 +101,19 @@ class ModelDrafter:
         the root. The cache's seq_lens stay until commit."""
         valid = self.cache.seq_lens.long()
         pending = batch.lengths - valid
-        width = int(pending.max())
+        width = max(n - v for n, v in zip(batch.host_lengths(), self.lengths))
         steps = torch.arange(width, device=pending.device)
         cols = (valid[:, None] + steps).clamp(max=batch.tokens.shape[1] - 1)
         ids = torch.gather(batch.tokens, 1, cols).masked_fill(steps[None] >= pending[:, None], 0)
         mask, depth = chain_tree(width, len(batch), ids.device)
-        return forward(self.model, self.cache, ids, valid, depth, mask, logits_at=pending - 1)
+        return forward(self.model, self.cache, ids, valid, depth, mask, logits_at=pending - 1,
+                       start_range=(min(self.lengths), max(self.lengths)))
 
     def _propose_tree(self, batch, root_logits, max_depth, budget, sampling) -> Draft:
         bsz, dev, branch = len(batch), root_logits.device, self.branch
         start = batch.lengths - 1                                    # the window's root slot
+        host = batch.host_lengths()
+        start_range = (min(host) - 1, max(host) - 1)
         roots = batch.tokens.gather(1, start[:, None])
         # node table (node 0 = root): token, parent, cumulative log q, depth
         tok, par = roots, torch.full((bsz, 1), -1, dtype=torch.int64, device=dev)
@@ -125,7 +135,7 @@ class ModelDrafter:
             best = torch.topk(child_score, min(branch, child_score.shape[1]), dim=-1).indices
             frontier = first + best                                    # expand the best new nodes next
             window = torch.cat([window, frontier], 1)
-            logits = self._forward_nodes(window, tok, par, dep, start)    # [B, W, V]
+            logits = self._forward_nodes(window, tok, par, dep, start, start_range)    # [B, W, V]
             q = process_probs(logits[:, -frontier.shape[1]:], sampling)
         # keep the `budget` best nodes (ties: earlier first), in creation order so parents come first
         n_total = tok.shape[1]
@@ -139,12 +149,13 @@ class ModelDrafter:
         num_nodes = torch.full((bsz,), keep.shape[1], dtype=torch.int64, device=dev)
         window_offset = torch.full((bsz, n_total), -1, dtype=torch.int64, device=dev).scatter_(
             1, window, torch.arange(window.shape[1], device=dev).expand(bsz, -1).contiguous())
-        self._last = ("tree", batch.lengths, (keep, window_offset))
+        self._last = ("tree", batch.lengths, batch.host_lengths(), (keep, window_offset))
         return Draft(torch.gather(tok, 1, keep), new_par, num_nodes, None, chain=False)
 
-    def _forward_nodes(self, window, tok, par, dep, start):
+    def _forward_nodes(self, window, tok, par, dep, start, start_range):
         """Forward the forwarded-node set ``window`` [B, W] (root first, ancestor-closed) as a tree window at
-        slot ``start`` (the root's slot: its entry is rewritten identically)."""
+        slot ``start`` (the root's slot: its entry is rewritten identically); ``start_range``: its (min, max)
+        on the host."""
         bsz = window.shape[0]
         remap = torch.full_like(tok, -1)
         remap.scatter_(1, window, torch.arange(window.shape[1], device=tok.device).expand(bsz, -1).contiguous())
@@ -152,4 +163,4 @@ class ModelDrafter:
         wpar = torch.where(wpar >= 0, torch.gather(remap, 1, wpar.clamp(min=0)), wpar)
         mask, _ = ops.build_tree(wpar)
         return forward(self.model, self.cache, torch.gather(tok, 1, window), start, torch.gather(dep, 1, window),
-                       mask)
+                       mask, start_range=start_range)
