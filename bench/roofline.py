@@ -49,6 +49,9 @@ Usage::
     python bench/roofline.py --only logits  # rejection_sample_logits, CUDA and Triton
     python bench/roofline.py --arch 90      # sm_90 only (the tests; CI's build checks every arch's spills)
     python bench/roofline.py --measure      # on a GPU: also time each kernel (torch.cuda.Event)
+    python bench/roofline.py --measure --predicted bench/roofline.json
+                                            # on a GPU: measure only, the predictions from the committed
+                                            # table while it matches the sources (bench/gpu_check.sh)
 
 Needs nvcc (CUDA_HOME or /usr/local/cuda) and triton; without nvcc it prints a skip note and exits 0.
 """
@@ -1124,36 +1127,53 @@ def format_row(name, r):
     return " ".join(text)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", help="write the table as JSON here")
-    ap.add_argument("--only", help="comma-separated case names (prefix match)")
-    ap.add_argument("--measure", action="store_true", help="time every kernel on the GPU next to the prediction")
-    ap.add_argument("--arch", default="90,80",
-                    help="CUDA archs to compile and check for spills (comma-separated; 90 is always compiled: "
-                         "the model reads its SASS)")
-    args = ap.parse_args(argv)
+def sources_digest() -> str:
+    """sha256 over what a prediction is made from: the CUDA sources and headers (csrc/: .cu, .cuh, .h), the
+    Triton kernels, the tree attention launcher's tiles (specdec_ops/attention.py) and this model (whose
+    cases mirror the other launchers, as tests/test_roofline.py checks). A saved table (``--json``) records
+    it; ``--predicted`` reuses the table only while it is the same."""
+    import hashlib
 
-    # The Triton kernels are compiled ahead of time: the interpreter (a test environment's TRITON_INTERPRET=1)
-    # would hand back InterpretedFunctions without compiled code.
-    os.environ.pop("TRITON_INTERPRET", None)
-    nvcc = find_nvcc()
-    if nvcc is None:
-        print("roofline: SKIP: nvcc not found (set CUDA_HOME); nothing compiled, nothing checked")
-        return 0
-    cuobjdump = find_tool("cuobjdump", nvcc)
-    if cuobjdump is None:
-        print("roofline: SKIP: cuobjdump not found (neither next to nvcc nor in triton's package)")
-        return 0
-    cases = all_cases()
-    if args.only:
-        wanted = args.only.split(",")
-        cases = [c for c in cases if any(c.name.startswith(w) for w in wanted)]
+    paths = [os.path.join("bench", "roofline.py"), os.path.join("specdec_ops", "attention.py")]
+    for top, kinds in (("csrc", (".cu", ".cuh", ".h")), ("triton_kernels", (".py",))):
+        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            paths += [os.path.relpath(os.path.join(folder, f), ROOT) for f in files if f.endswith(kinds)]
+    digest = hashlib.sha256()
+    for rel in sorted(paths):
+        digest.update(rel.replace(os.sep, "/").encode() + b"\0")
+        with open(os.path.join(ROOT, rel), "rb") as f:
+            digest.update(f.read() + b"\0")
+    return digest.hexdigest()
 
+
+def load_predictions(path: str, names: list[str]) -> dict | None:
+    """The rows ``names`` of a table saved with ``--json``, or None (with a note) when the file is missing,
+    lacks a row, or was made from other sources than this checkout's (``sources_digest``)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"roofline: no predictions read from {path} ({e}): compiling")
+        return None
+    if data.get("sources") != sources_digest():
+        print(f"roofline: {path} was made from other sources than this checkout's: compiling")
+        return None
+    rows = data.get("rows", {})
+    missing = [n for n in names if n not in rows]
+    if missing:
+        print(f"roofline: {path} has no row for {', '.join(missing)}: compiling")
+        return None
+    print(f"roofline: predictions from {path} (made from these sources; nothing compiled)")
+    return {n: {k: v for k, v in rows[n].items() if not k.startswith("measure")} for n in names}
+
+
+def compile_and_predict(cases, archs, nvcc, cuobjdump):
+    """Compile every case's kernel (CUDA: each source once per arch, in parallel; Triton: ahead of time for
+    sm_90) and predict its row: -> (rows, spill notes, errors)."""
     errors, rows, spill_notes = [], {}, []
     with tempfile.TemporaryDirectory() as workdir:
         sources = sorted({c.source for c in cases if c.backend == "cuda"})
-        archs = [90] + [a for a in dict.fromkeys(int(x) for x in args.arch.split(",")) if a != 90]
         jobs = [(s, a) for s in sources for a in archs]
         with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
             futures = {job: pool.submit(compile_cuda, nvcc, cuobjdump, job[0], job[1], workdir) for job in jobs}
@@ -1189,16 +1209,60 @@ def main(argv=None):
                     rows[case.name] = combine_kernels(case, rows[case.name], predict(case.then, res2))
             except Exception as e:  # noqa: BLE001 - reported, exit 1
                 errors.append(f"{case.name}: {str(e)[-600:]}")
+    return rows, spill_notes, errors
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write the table as JSON here")
+    ap.add_argument("--only", help="comma-separated case names (prefix match)")
+    ap.add_argument("--measure", action="store_true", help="time every kernel on the GPU next to the prediction")
+    ap.add_argument("--predicted", metavar="JSON",
+                    help="take the predictions from this table (--json of an earlier run, e.g. the committed "
+                         "bench/roofline.json) instead of compiling, if it was made from this checkout's sources "
+                         "(else compile as usual): a GPU run then only measures")
+    ap.add_argument("--arch", default="90,80",
+                    help="CUDA archs to compile and check for spills (comma-separated; 90 is always compiled: "
+                         "the model reads its SASS)")
+    args = ap.parse_args(argv)
+
+    # The Triton kernels are compiled ahead of time: the interpreter (a test environment's TRITON_INTERPRET=1)
+    # would hand back InterpretedFunctions without compiled code.
+    os.environ.pop("TRITON_INTERPRET", None)
+    cases = all_cases()
+    if args.only:
+        wanted = args.only.split(",")
+        cases = [c for c in cases if any(c.name.startswith(w) for w in wanted)]
+
+    rows = load_predictions(args.predicted, [c.name for c in cases]) if args.predicted else None
+    if rows is not None:
+        spill_notes, errors = [], []
+    else:
+        nvcc = find_nvcc()
+        if nvcc is None:
+            print("roofline: SKIP: nvcc not found (set CUDA_HOME); nothing compiled, nothing checked")
+            return 0
+        cuobjdump = find_tool("cuobjdump", nvcc)
+        if cuobjdump is None:
+            print("roofline: SKIP: cuobjdump not found (neither next to nvcc nor in triton's package)")
+            return 0
+        archs = [90] + [a for a in dict.fromkeys(int(x) for x in args.arch.split(",")) if a != 90]
+        rows, spill_notes, errors = compile_and_predict(cases, archs, nvcc, cuobjdump)
 
     if args.measure:
-        for case in cases:
+        # CUDA rows first (built ahead), then Triton's (each compiles on first use); one line per kernel as it is
+        # timed, so that a run cut off at a time limit still shows what it measured
+        for case in sorted(cases, key=lambda c: c.backend != "cuda"):
             if case.name in rows and case.measure is not None:
+                r = rows[case.name]
                 try:
                     t = case.measure()
-                    rows[case.name].update(measured_us=t * 1e6,
-                                           measured_pct_peak=100 * case.min_bytes / BANDWIDTH / t)
+                    r.update(measured_us=t * 1e6, measured_pct_peak=100 * case.min_bytes / BANDWIDTH / t)
+                    print(f"measured {case.name}: {t * 1e6:.1f} us, {r['measured_pct_peak']:.0f}% of peak "
+                          f"(predicted {r['predicted_us']:.1f} us, {r['pct_peak']:.0f}%)", flush=True)
                 except Exception as e:  # noqa: BLE001 - a kernel that cannot be timed is reported
-                    rows[case.name]["measure_error"] = str(e)[-300:]
+                    r["measure_error"] = str(e)[-300:]
+                    print(f"measured {case.name}: FAILED: {r['measure_error'][-200:]}", flush=True)
 
     hdr = "kernel                     regs spill   smem  thr cta/sm   grid waves       MB x min ins/el  pred us" \
           "    bound % peak"
@@ -1224,7 +1288,7 @@ def main(argv=None):
         print("ERROR: " + err)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, spills=spill_notes, errors=errors,
+            json.dump(dict(rows=rows, spills=spill_notes, errors=errors, sources=sources_digest(),
                            model=dict(sms=SMS, bandwidth=BANDWIDTH, clock_hz=CLOCK_HZ, issue_per_sm=ISSUE_PER_SM,
                                       latency_s=LATENCY_S, launch_s=LAUNCH_S)), f, indent=1)
     return 1 if spill_notes or errors else 0

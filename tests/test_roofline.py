@@ -266,3 +266,38 @@ def test_rejection_triton_parts_mirror_the_launcher():
     assert cases["rejection_triton_draft_b8"].grid(res) == (8 * 63, 63)  # B=8: 63 parts of 2 tiles
     for name in ("rejection_triton_draft", "rejection_triton_greedy"):  # the workspace is counted
         assert cases[name].bytes_moved > cases[name.replace("triton", "cuda")].bytes_moved
+
+
+def test_predictions_are_reused_only_for_the_sources_they_were_made_from(tmp_path, capsys):
+    """--predicted (bench/gpu_check.sh on a GPU: measure only) takes a saved table's rows without compiling
+    while its sources digest is this checkout's, and compiles when the digest, a row or the file is missing."""
+    row = dict(regs=98, spills=0, smem=1541, threads=256, ctas_per_sm=2, grid=256, waves=1, bytes_mb=65.7,
+               bytes_vs_min=1.0, instr_per_elem=46.5, predicted_us=15.7, bound="memory", pct_peak=87.0,
+               measured_us=99.0)
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(dict(rows={"rejection_cuda_draft_b8": row}, sources=roofline.sources_digest())))
+    out = tmp_path / "out.json"
+    assert roofline.main(["--predicted", str(saved), "--only", "rejection_cuda_draft_b8", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "nothing compiled" in printed and printed.count("rejection_cuda_draft_b8 ") == 1
+    rows = json.loads(out.read_text())["rows"]
+    assert rows["rejection_cuda_draft_b8"]["predicted_us"] == 15.7
+    assert "measured_us" not in rows["rejection_cuda_draft_b8"]   # an old measurement is not carried over
+    assert roofline.load_predictions(str(saved), ["rejection_cuda_draft_b8", "kv_commit_cuda"]) is None
+    saved.write_text(json.dumps(dict(rows={"rejection_cuda_draft_b8": row}, sources="0" * 64)))
+    assert roofline.load_predictions(str(saved), ["rejection_cuda_draft_b8"]) is None
+    assert roofline.load_predictions(str(tmp_path / "missing.json"), ["rejection_cuda_draft_b8"]) is None
+    assert "other sources" in capsys.readouterr().out
+
+
+def test_the_committed_table_is_made_from_these_sources():
+    """bench/roofline.json is what a GPU run measures against without compiling (bench/gpu_check.sh): after a
+    change to a kernel, its launcher's tiles or the model, remake it with
+    `python bench/roofline.py --json bench/roofline.json` (about 3 minutes here; it also shows the change's
+    effect on every row)."""
+    path = os.path.join(ROOT, "bench", "roofline.json")
+    with open(path) as f:
+        data = json.load(f)
+    assert data["sources"] == roofline.sources_digest(), "stale: python bench/roofline.py --json bench/roofline.json"
+    assert not data["errors"] and not data["spills"]
+    assert set(data["rows"]) == {c.name for c in roofline.all_cases()}
