@@ -1,5 +1,6 @@
 """bench/roofline.py, the static performance model: it compiles one CUDA kernel for sm_90 (no GPU needed),
-prints its table row, writes the JSON, and fails on spills. Skipped without nvcc. The tests compile sm_90
+prints its table row, writes the JSON, and fails on spills; the other rows are checked in the committed table
+(bench/roofline.json), which must be the one these sources give. Skipped without nvcc. The tests compile sm_90
 alone (`--arch 90`): CI's build compiles every .cu for sm_80 and sm_90 with SPECDEC_FAIL_ON_SPILLS=1,
 where ptxas fails on any spill or local memory (setup.py)."""
 
@@ -164,15 +165,16 @@ def test_logits_cases_count_every_pass_over_the_rows():
     assert cases["logits_triton_draft_topp"].passes == 11 * rows + 1
 
 
-@pytest.mark.slow
-@needs_nvcc
-def test_roofline_rows_for_the_logits_kernels(tmp_path):
-    out = tmp_path / "roofline.json"
-    result = subprocess.run([sys.executable, SCRIPT, "--only", "logits_cuda_onehot,logits_triton_onehot",
-                             "--arch", "90", "--json", str(out)], capture_output=True, text=True, timeout=600)
-    data = json.loads(out.read_text())
-    assert not data["errors"], result.stdout + result.stderr
-    rows = data["rows"]
+def committed_rows(prefix):
+    """The rows of bench/roofline.json whose names start with ``prefix``: the model's output for these sources
+    (test_the_committed_table_is_made_from_these_sources holds it to them), compiled with nvcc and Triton for
+    sm_90 and sm_80 when it was made. The one compiling test here is the chain kernel's (above)."""
+    with open(os.path.join(ROOT, "bench", "roofline.json")) as f:
+        return {k: v for k, v in json.load(f)["rows"].items() if k.startswith(prefix)}
+
+
+def test_roofline_rows_for_the_logits_kernels():
+    rows = {k: v for k, v in committed_rows("logits_").items() if "onehot" in k}
     assert set(rows) == {"logits_cuda_onehot", "logits_cuda_onehot_topp", "logits_triton_onehot",
                          "logits_triton_onehot_topp"}
     split = rows.pop("logits_triton_onehot")  # two kernels: the fused max + exp-sum, then the race
@@ -190,14 +192,8 @@ def test_roofline_rows_for_the_logits_kernels(tmp_path):
     assert 4 <= rows["logits_cuda_onehot"]["ctas_per_sm"] <= roofline.SMEM_PER_SM // rows["logits_cuda_onehot"]["smem"]
 
 
-@pytest.mark.slow
-@needs_nvcc
-def test_roofline_tree_verification_splits_each_request_across_blocks(tmp_path):
-    out = tmp_path / "roofline.json"
-    result = subprocess.run([sys.executable, SCRIPT, "--only", "tree_verify_cuda", "--arch", "90", "--json", str(out)],
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout + result.stderr
-    rows = json.loads(out.read_text())["rows"]
+def test_roofline_tree_verification_splits_each_request_across_blocks():
+    rows = committed_rows("tree_verify_cuda")
     for tag in ("draft", "onehot"):
         row = rows[f"tree_verify_cuda_{tag}"]
         assert row["spills"] == 0 and 0 < row["regs"] <= 128  # launch bounds: 4 blocks of 128 threads per SM
