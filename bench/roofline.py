@@ -1227,8 +1227,17 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     # The Triton kernels are compiled ahead of time: the interpreter (a test environment's TRITON_INTERPRET=1)
-    # would hand back InterpretedFunctions without compiled code.
-    os.environ.pop("TRITON_INTERPRET", None)
+    # would hand back InterpretedFunctions without compiled code. The variable is put back on return: a caller
+    # in the same process (a test) goes on interpreting.
+    interpret = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        return _run(args)
+    finally:
+        if interpret is not None:
+            os.environ["TRITON_INTERPRET"] = interpret
+
+
+def _run(args) -> int:
     cases = all_cases()
     if args.only:
         wanted = args.only.split(",")

@@ -273,7 +273,11 @@ def test_predictions_are_reused_only_for_the_sources_they_were_made_from(tmp_pat
     saved = tmp_path / "saved.json"
     saved.write_text(json.dumps(dict(rows={"rejection_cuda_draft_b8": row}, sources=roofline.sources_digest())))
     out = tmp_path / "out.json"
+    interpret = os.environ.get("TRITON_INTERPRET")
     assert roofline.main(["--predicted", str(saved), "--only", "rejection_cuda_draft_b8", "--json", str(out)]) == 0
+    # main() lifts TRITON_INTERPRET while it runs and puts it back: the Triton tests that this pytest worker
+    # runs next still take the interpreter
+    assert os.environ.get("TRITON_INTERPRET") == interpret
     printed = capsys.readouterr().out
     assert "nothing compiled" in printed and printed.count("rejection_cuda_draft_b8 ") == 1
     rows = json.loads(out.read_text())["rows"]
