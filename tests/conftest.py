@@ -32,6 +32,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
 
 
+@pytest.fixture(autouse=True)
+def _triton_interpret_left_as_found():
+    """TRITON_INTERPRET is read by every Triton launch in this process: a test that changes it (an in-process
+    script that lifts it to compile, say) breaks the tests its pytest worker runs next, far from the cause.
+    Put it back and fail the test that changed it."""
+    before = os.environ.get("TRITON_INTERPRET")
+    yield
+    after = os.environ.get("TRITON_INTERPRET")
+    if after != before:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+        pytest.fail(f"the test changed TRITON_INTERPRET from {before!r} to {after!r} (put back)")
+
+
 @pytest.fixture(params=CPU_BACKENDS)
 def cpu_backend(request):
     """Each backend that runs on CPU tensors (triton: interpreter)."""
