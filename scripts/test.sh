@@ -26,5 +26,5 @@ if [ "$WORKERS" != 1 ] && python -c "import xdist" 2> /dev/null; then
   XDIST=(-n "$WORKERS" --dist worksteal)
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
-# The 20 slowest tests are listed at the end: where the run's time goes (CI is kept under 25 minutes).
+# The 20 slowest tests are listed at the end: where the run's time goes (the target for all of CI is 25 minutes).
 python -m pytest -q -p no:cacheprovider --durations=20 "${XDIST[@]}" "$ROOT/tests" "$@"
