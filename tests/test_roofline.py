@@ -293,7 +293,7 @@ def test_predictions_are_reused_only_for_the_sources_they_were_made_from(tmp_pat
 def test_the_committed_table_is_made_from_these_sources():
     """bench/roofline.json is what a GPU run measures against without compiling (bench/gpu_check.sh): after a
     change to a kernel, its launcher's tiles or the model, remake it with
-    `python bench/roofline.py --json bench/roofline.json` (about 3 minutes here; it also shows the change's
+    `python bench/roofline.py --json bench/roofline.json` (2 to 6 minutes on 2 cores; it also shows the change's
     effect on every row)."""
     path = os.path.join(ROOT, "bench", "roofline.json")
     with open(path) as f:
