@@ -24,6 +24,14 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 # Backends that run on CPU tensors here: C++, plain PyTorch, Triton interpreter.
 CPU_BACKENDS = ["cpu", "reference"] + (["triton"] if HAS_TRITON else [])
 
+# Under the interpreter, a launch's patching of triton.language is not repeated at every call of a jit helper
+# inside it (most of the time of the split kernels' tests; see tests/interpreter_patching.py).
+# SPECDEC_PLAIN_INTERPRETER=1 runs Triton's interpreter as it comes.
+if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("SPECDEC_PLAIN_INTERPRETER", "0") == "0":
+    from interpreter_patching import install as _install_interpreter_patching  # noqa: E402
+
+    _install_interpreter_patching()
+
 
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
