@@ -41,15 +41,12 @@ def _language():
             for key, value in vars(obj).items()}
 
 
-FOUND = _language()
-
-
-def _builtins_as_found():
-    """Every member the same object as before any launch. New ones may only be dunders: Triton's own restore
+def _builtins_as_found(found):
+    """Every member the same object as before the launch. New ones may only be dunders: Triton's own restore
     leaves the inherited `tensor.__repr__` it replaced as a class attribute, and inspect adds `__annotations__`."""
     now = _language()
-    return (all(k in now and now[k] is v for k, v in FOUND.items())
-            and all(key.startswith("__") for _, key in now.keys() - FOUND.keys()))
+    return (all(k in now and now[k] is v for k, v in found.items())
+            and all(key.startswith("__") for _, key in now.keys() - found.keys()))
 
 
 def test_in_force_on_the_supported_versions():
@@ -63,16 +60,18 @@ def test_results_and_language_restored_after_each_launch():
     y = torch.full((37,), 0.5)
     for block in (16, 64):                 # several programs, then one
         out = torch.empty_like(x)
+        found = _language()
         _kernel[(triton.cdiv(37, block),)](x, y, out, 37, BLOCK=block)
         torch.testing.assert_close(out, 2 * (x + 2 * y + 2 * y))
-        assert _builtins_as_found()
+        assert _builtins_as_found(found)
 
 
 def test_a_failing_launch_leaves_the_language_as_found():
     x = torch.arange(8, dtype=torch.float32)
+    found = _language()
     with pytest.raises(Exception):
         _kernel[(1,)](x, x, torch.empty(8), 8, BLOCK=6)   # not a power of two: arange refuses
-    assert _builtins_as_found()
+    assert _builtins_as_found(found)
     out = torch.empty(8)
     _kernel[(1,)](x, x, out, 8, BLOCK=8)                 # and the next launch works
     torch.testing.assert_close(out, 2 * (5 * x))
