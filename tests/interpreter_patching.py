@@ -36,7 +36,7 @@ def install() -> bool:
     if original is None or scope_cls is None or tl is None or not hasattr(scope_cls, "restore"):
         return False
 
-    active = []  # the language modules patched by the launch in progress (empty: none in progress)
+    patched = None  # the language modules patched by the launch in progress (None: no launch in progress)
     seen = {}    # within that launch: id of a helper's globals -> the language modules they hold
 
     def lang_modules(fn):
@@ -50,22 +50,24 @@ def install() -> bool:
             pass
 
     def patch_lang(fn):
+        nonlocal patched
         langs = lang_modules(fn)
-        if active and langs and langs <= active[-1]:
+        if patched is not None and langs and langs <= patched:
             return _Nothing()  # a device-function call inside a launch that patched these already
         scope = original(fn)
-        if active:
-            active[-1] |= langs  # a helper that brought another language module: patched above, kept
+        if patched is not None:
+            patched |= langs  # a helper that brought another language module: patched above, kept
             return scope
         seen.clear()
-        active.append(set(langs))
+        patched = set(langs)
         restore = scope.restore
 
         def restore_and_end():
+            nonlocal patched
             try:
                 restore()
             finally:
-                active.clear()
+                patched = None
                 seen.clear()
 
         scope.restore = restore_and_end
