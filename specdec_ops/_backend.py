@@ -86,7 +86,7 @@ def _resolve_uncached(backend: str | None, device: torch.device, op: str, native
 _RESOLVED: dict[tuple, str] = {}
 
 
-@torch.compiler.assume_constant_result
+@_ops.constant_under_compile
 def resolve_backend(backend: str | None, device: torch.device, op: str, *, native_op: str | None = None,
                     triton_op: str | None = None) -> str:
     """The backend to run `op` on for tensors on `device` (the one resolver of every op).

@@ -17,7 +17,19 @@ def native_loaded() -> bool:
     return NATIVE_ERROR is None
 
 
-@torch.compiler.assume_constant_result  # registrations are fixed at import: constant under torch.compile
+def constant_under_compile(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo``.
+
+    The decorator only marks ``fn`` (the attribute Dynamo reads when it traces a call to it), but on
+    torch 2.11 to 2.14 at least ``torch.compiler``'s wrapper imports
+    ``torch._dynamo`` first: about 1.5 s of every process's ``import specdec_ops``, which otherwise
+    costs some 0.1 s beyond ``import torch``. tests/test_ops_import.py checks that the mark is the one
+    torch's own decorator sets."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@constant_under_compile  # registrations are fixed at import: constant under torch.compile
 def has_kernel(op: str, dispatch_key: str) -> bool:
     """Whether ``specdec::<op>`` has a kernel registered for ``dispatch_key`` ("CPU", "CUDA")."""
     if not native_loaded():
