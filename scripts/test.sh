@@ -11,12 +11,12 @@ if python -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" && [ 
   python -c "from specdec_ops import _ops; assert _ops.cuda_kernels_built(), 'the CUDA kernels were not built'"
 fi
 
-echo "== host-side C++ tests (ctest)"
+echo "== host-side C++ tests (ctest; at ${SECONDS} s)"
 cmake -S "$ROOT" -B "$ROOT/build/ctest" -DSPECDEC_BUILD_LIBRARY=OFF > /dev/null
 cmake --build "$ROOT/build/ctest" -j "${MAX_JOBS:-2}" > /dev/null
 ctest --test-dir "$ROOT/build/ctest" --output-on-failure
 
-echo "== pytest"
+echo "== pytest (at ${SECONDS} s)"
 export TRITON_INTERPRET="${TRITON_INTERPRET:-$(python -c 'import torch; print(0 if torch.cuda.is_available() else 1)')}"
 # Two pytest workers (pytest-xdist) keep both cores busy; SPECDEC_TEST_WORKERS=1 runs in one process. Each
 # worker's torch gets one thread, so that two workers do not oversubscribe the cores.
