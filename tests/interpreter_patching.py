@@ -14,6 +14,11 @@ that launch patched skips it; a helper that sees another one (say `triton.langua
 own) is patched as before. Triton 3.6 to 3.9 share this code (`_patch_lang` returning a `_LangPatchScope`
 whose `restore` the launch calls in a `finally`); on any other shape nothing is changed. Results are
 unchanged: the whole suite compares the Triton kernels with the C++ and reference ones either way.
+
+Second, `_get_np_dtype` (the NumPy dtype of a Triton type, called for most operations the interpreter runs)
+builds its table of 19 Triton types anew at every call, hashing each: in `test_second_sibling_after_a_rejection`
+757,000 calls took 21 s of 162. Its answer depends only on the type, so it is remembered per type (types that
+compare equal get the same answer: the table's own lookup is by equality). Same code in Triton 3.6 to 3.9.
 """
 
 import inspect
@@ -74,5 +79,33 @@ def install() -> bool:
         return scope
 
     interpreter._patch_lang = patch_lang
+    _remember_np_dtypes(interpreter)
     _installed = True
     return True
+
+
+def _remember_np_dtypes(interpreter) -> None:
+    """interpreter._get_np_dtype with its answers remembered (see the module docstring). The original answers
+    a block type by its element type and every pointer type (scalar or element) alike, so those are the keys:
+    block types are not hashable."""
+    original = getattr(interpreter, "_get_np_dtype", None)
+    tl = getattr(interpreter, "tl", None)
+    if original is None or not hasattr(tl, "block_type") or not hasattr(tl, "pointer_type"):
+        return
+    block_type, pointer_type = tl.block_type, tl.pointer_type
+    answers = {}
+
+    def get_np_dtype(tt_dtype):
+        key = tt_dtype.element_ty if isinstance(tt_dtype, block_type) else tt_dtype
+        if isinstance(key, pointer_type):
+            key = pointer_type
+        try:
+            return answers[key]
+        except KeyError:
+            answer = answers[key] = original(tt_dtype)
+            return answer
+        except TypeError:  # not hashable: none of Triton's scalar types; the original says what it makes of it
+            return original(tt_dtype)
+
+    get_np_dtype.original = original
+    interpreter._get_np_dtype = get_np_dtype

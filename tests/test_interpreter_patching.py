@@ -75,3 +75,19 @@ def test_a_failing_launch_leaves_the_language_as_found():
     out = torch.empty(8)
     _kernel[(1,)](x, x, out, 8, BLOCK=8)                 # and the next launch works
     torch.testing.assert_close(out, 2 * (5 * x))
+
+
+def test_remembered_np_dtypes_are_the_interpreters():
+    from triton.runtime import interpreter
+
+    get = interpreter._get_np_dtype
+    original = getattr(get, "original", None)
+    if original is None:
+        pytest.skip("the interpreter's own _get_np_dtype is in use")
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64, tl.float16,
+               tl.bfloat16, tl.float32, tl.float64, tl.float8e5, tl.float8e4nv]
+    pointers = [tl.pointer_type(t) for t in (tl.float32, tl.bfloat16, tl.int64)]
+    types = scalars + pointers + [tl.block_type(t, [4, 8]) for t in scalars + pointers]
+    for _ in range(2):  # the first answer is remembered, the second comes from memory
+        for t in types:
+            assert get(t) == original(t), t
