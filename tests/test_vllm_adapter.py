@@ -220,3 +220,23 @@ def test_fly_is_delegated_to_vllm(monkeypatch):
                torch.zeros(1, 1, dtype=torch.int64), metadata(None), fly_window_size=2, fly_entropy_threshold=0.3)
     assert out.shape == (1, 2) and seen["fly_window_size"] == 2 and seen["fly_entropy_threshold"] == 0.3
     assert math.isfinite(seen["fly_entropy_threshold"])
+
+
+@needs_vllm
+def test_harness_expansion_equals_vllms_kernel():
+    """scripts/vllm/conftest.py runs vLLM's expand_batch_to_tokens in PyTorch (its Triton kernel is slow under
+    the interpreter): the same values as vLLM's kernel wherever that writes, for every dtype it expands."""
+    from vllm.v1.sample import rejection_sampler as rs
+
+    g = torch.Generator().manual_seed(11)
+    for dtype in (torch.float32, torch.int32, torch.int64):
+        for batch in (1, 5, 40):
+            counts = torch.randint(0, rs.MAX_SPEC_LEN + 1, (batch,), generator=g)
+            cu = counts.cumsum(0).to(torch.int32)
+            x = torch.randint(0, 4, (batch,), generator=g).to(dtype)
+            n = int(cu[-1])
+            for replace in ((0, 0), (0, 1), (2, 7)):
+                got = rs.expand_batch_to_tokens(x, cu, n, replace_from=replace[0], replace_to=replace[1])
+                want = torch.full((n,), -1, dtype=dtype)
+                rs._expand(want, x, cu, replace[0], replace[1])
+                assert got.dtype == dtype and torch.equal(got, want), (dtype, batch, replace, got, want)
