@@ -69,14 +69,15 @@ class Canvas:
 
 
 def bar_chart(path: str, title: str, groups: list[str], series: dict[str, list[float]],
-              reference: float | None = None, panel_h: int = 220) -> None:
+              reference: float | None = None, panel_h: int = 220, label_chars: int = 0) -> None:
     """Grouped bars: for each group label, one bar per series (linear scale from 0 to the largest
     value), a legend above, and a grey line at `reference` when given. Values are drawn as given; the
-    JSON beside the picture holds the exact numbers."""
+    JSON beside the picture holds the exact numbers. Labels are cut to the group's width, which is
+    widened to hold `label_chars` characters."""
     names = list(series)
     per_group = max(1, len(names))
     bar_w, gap = 14, 24
-    group_w = per_group * bar_w + gap
+    group_w = max(per_group * bar_w + gap, 8 * label_chars + 8)
     width = max(60 + group_w * len(groups), 40 + 9 * len(title), 200)
     legend_h = 14 * len(names)
     top = 30 + legend_h

@@ -6,7 +6,8 @@
   measured part with torch.cuda.profiler.start/stop, so
   `nsys profile --capture-range=cudaProfilerApi python bench/bench_x.py --device cuda`
   captures exactly the measured cases.
-- `Table` prints aligned rows and can write them as JSON (gpu_check.sh collects them).
+- `Table` prints aligned rows and can write them as JSON (gpu_check.sh collects them), with a bar chart of
+  its ratio columns beside it (same name, .png).
 """
 
 from __future__ import annotations
@@ -116,9 +117,46 @@ class Table:
         return str(v)
 
     def write_json(self, path: str | None) -> None:
+        """The rows as JSON at `path`, and `write_chart` beside it (the same name with .png)."""
         if path:
             with open(path, "w") as f:
                 json.dump(self.rows, f, indent=1)
+            self.write_chart(os.path.splitext(path)[0] + ".png")
+
+    def chart_columns(self) -> list[str]:
+        """What the chart shows: the ratio columns (x_..., speedup: 1.0 is the baseline of the same run), else
+        the percentage of peak bandwidth; none for a table without either."""
+        ratios = [c for c in self.columns if c.startswith("x_") or c == "speedup"]
+        return ratios or [c for c in self.columns if c == "pct_peak"]
+
+    def row_labels(self) -> list[str]:
+        """A label per row from its text and integer columns that differ between rows ("B64 SAMPLED CUDA")."""
+        keys = [c for c in self.columns if c not in self.chart_columns()
+                and all(isinstance(r.get(c), (str, int)) and not isinstance(r.get(c), bool) for r in self.rows)
+                and len({r.get(c) for r in self.rows}) > 1]
+
+        def piece(c, v):
+            return f"{c}{v}" if isinstance(v, int) and len(c) <= 2 else str(v)
+
+        return [" ".join(piece(c, r[c]) for c in keys) or str(i + 1) for i, r in enumerate(self.rows)]
+
+    def write_chart(self, path: str) -> bool:
+        """A grouped bar chart (bench/charts.py) of chart_columns per row at `path`, with a line at 1.0 for
+        ratios; False (nothing written) when the table has no such column or no rows."""
+        names = self.chart_columns()
+        if not names or not self.rows:
+            return False
+        from charts import bar_chart
+
+        def value(v):
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
+        labels = self.row_labels()
+        ratio = names[0] != "pct_peak"
+        title = ("X BASELINE" if ratio else "PCT OF PEAK BANDWIDTH") + " PER CASE"
+        bar_chart(path, title, labels, {n: [value(r.get(n)) for r in self.rows] for n in names},
+                  reference=1.0 if ratio else None, label_chars=max(len(s) for s in labels))
+        return True
 
 
 def run_device_table(description: str, run_gpu: Callable[[argparse.Namespace], Table],
