@@ -989,6 +989,55 @@ def test_cuda_equals_cpu(draft_probs, vocab, dtype):
         torch.testing.assert_close(probs.cpu(), ref, atol=1e-6, rtol=1e-4)
 
 
+EDGE_TEMPERATURES = [1e-40, 1e-30, 0.02, 1.0, 30.0, 3e38]  # a subnormal T (1 / T overflows), the largest T
+
+
+def edge_temperature_batch(vocab, dtype, draft_probs):
+    """Sampled requests at extreme temperatures, no filters, with non-finite logits in some rows, and
+    drafts the target rarely accepts: the races (residual and bonus) run at every temperature."""
+    batch = 2 * len(EDGE_TEMPERATURES)
+    args = make_batch(batch, 3, vocab, draft_probs=draft_probs, dtype=dtype, seed=vocab + 7, ragged=False)
+    for name in ("top_k", "top_p", "min_p"):
+        args.pop(name)
+    args["temperature"] = torch.tensor(EDGE_TEMPERATURES * 2)
+    logits = args["target_logits"]
+    logits[1::3, :, 5] = float("nan")
+    logits[2::3, :, 9] = float("inf")
+    logits[::4, :, : vocab // 2] = float("-inf")
+    args["draft_token_ids"] = torch.where(torch.arange(3) % 2 == 0, args["draft_token_ids"], 0)
+    return args
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_edge_temperatures_match_reference(draft_probs):
+    args = edge_temperature_batch(301, torch.float32, draft_probs)
+    ours, ref = call(args, "cpu"), call(args, "reference")
+    assert torch.equal(ours.token_ids, ref.token_ids) and torch.equal(ours.num_accepted, ref.num_accepted)
+    torch.testing.assert_close(ours.logprobs, ref.logprobs, atol=1e-4, rtol=0, equal_nan=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("vocab", [1025, 151936])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_edge_temperatures_equal_cpu(draft_probs, vocab, dtype):
+    """Extreme temperatures on the GPU: at a subnormal one 1 / T overflows, at tiny ones every entry but the
+    max is -inf, at huge ones every p is about equal; the tokens are the C++ op's, in the single-block and
+    the split kernel alike."""
+    args = edge_temperature_batch(vocab, dtype, draft_probs)
+    cpu = call(args, "cpu")
+    split = call(_to(args, "cuda"), "cuda")
+    assert (split.token_ids.cpu() == cpu.token_ids).all(-1).float().mean() >= 0.95
+    # the two smallest temperatures make a row's distribution one-hot at its max: no near-ties
+    sure = torch.tensor([t <= 1e-30 for t in EDGE_TEMPERATURES * 2])
+    assert torch.equal(split.token_ids.cpu()[sure], cpu.token_ids[sure])
+    big = _single_block_batch()
+    many = {k: (v.repeat(-(-big // v.shape[0]), *([1] * (v.dim() - 1)))[:big] if isinstance(v, torch.Tensor) else v)
+            for k, v in args.items()}
+    single = call(_to(many, "cuda"), "cuda")
+    assert torch.equal(single.token_ids[: split.token_ids.shape[0]], split.token_ids)
+
+
 @pytest.mark.cuda
 def test_cuda_bad_values_are_clamped_safely():
     args = make_batch(6, 3, 50, seed=3)

@@ -10,6 +10,8 @@
 //   3. the kept mass S (one pass), then the acceptance test of the draft (one thread);
 //   4. at the first rejection, or on the bonus row, one exponential race over
 //      p = e / S (or max(p - q, 0)), the arithmetic of rejection_kernels.cu.
+// Normalizers (sums of exp) take the approximate exponential (logits_math.h sum_exp_f); the max of
+// 16-bit rows held in shared memory is taken 8 entries at a time with packed max instructions.
 // Rows after the first rejection are never read. The tree kernel walks the tree as
 // tree_verify_kernels.cu does, entering a node's row statistics when the walk reaches it.
 // Chain batches run rejection_sample_logits_split_kernel instead when the device fits more than
@@ -193,7 +195,7 @@ __device__ RowStats row_stats(const T* row, int64_t vocab, const RowSampling& s,
   float part = 0.f;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
     const float z = scaled_logit(load_logit(row, i), r.m, s.temperature);
-    if (order_key(z) >= r.tau) part += exp_f(z);
+    if (order_key(z) >= r.tau) part += sum_exp_f(z);
   }
   r.total = block_sum(part, sh);
   return r;
@@ -211,7 +213,7 @@ __device__ float token_logprob(const T* row, int64_t vocab, int64_t token, const
                                Shared& sh) {
   if (row_is_greedy(s)) {
     float part = 0.f;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) part += exp_f(load_logit(row, i) - r.m);
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) part += sum_exp_f(load_logit(row, i) - r.m);
     const float sum = block_sum(part, sh);
     if (!(r.m > -INFINITY)) return -INFINITY;
     return (load_logit(row, token) - r.m) - log_f(sum);
@@ -517,6 +519,21 @@ __device__ __forceinline__ int64_t split_race_winner(ArgMax best_p, ArgMax best_
   return r_win.score > 0.f ? r_win.index : p_win.index;
 }
 
+// The largest of the 8 16-bit entries of a 16-byte piece, as float: packed max instructions (HMNMX2 on
+// sm_80+), which return the other operand where one is NaN, so NaN entries never win (as logit_value
+// makes them -inf) and a piece of NaN only gives NaN (logit_value: -inf); +inf stays +inf. The pointer
+// argument only selects the type.
+__device__ __forceinline__ float piece_max(uint4 v, const __nv_bfloat16*) {
+  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+  const __nv_bfloat162 m = __hmax2(__hmax2(p[0], p[1]), __hmax2(p[2], p[3]));
+  return fmaxf(__low2float(m), __high2float(m));
+}
+__device__ __forceinline__ float piece_max(uint4 v, const __half*) {
+  const __half2* p = reinterpret_cast<const __half2*>(&v);
+  const __half2 m = __hmax2(__hmax2(p[0], p[1]), __hmax2(p[2], p[3]));
+  return fmaxf(__low2float(m), __high2float(m));
+}
+
 // Pass: copy the share into `share` and take its max and first argmax. A thread visits its
 // positions, and so its entries, in increasing order, so a tie never replaces its best; a thread
 // whose entries are all -inf (or NaN) reports its first one, as split_max_sweep.
@@ -566,15 +583,37 @@ __device__ __forceinline__ ArgMax split_max_share(const T* __restrict__ row, int
     if (i0 < V) first_e = threadIdx.x * E;
     // Entries increase with the position; whole pieces first (no per-entry bound), then the cut one.
     int e0 = threadIdx.x * E;
-    for (; i0 <= last; e0 += stride * E, i0 += step) {
-      const uint4 v = *reinterpret_cast<const uint4*>(share + e0);
-      const T* h = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int j = 0; j < E; ++j) {
-        const float x = logit_value(to_float(h[j]));
+    if constexpr (E == 8) {
+      // 16-bit entries: a piece's max in three packed max instructions (piece_max), one comparison per
+      // piece; the first entry equal to the thread's max is found afterwards in the one piece that holds it.
+      // A later piece only replaces an equal max if it is larger, so that piece is the first holding it.
+      int best_piece = -1;
+      for (; i0 <= last; e0 += stride * E, i0 += step) {
+        const float x = logit_value(piece_max(*reinterpret_cast<const uint4*>(share + e0), share));
         if (x > best_x) {
           best_x = x;
-          best_e = e0 + j;
+          best_piece = e0;
+        }
+      }
+      if (best_piece >= 0) {
+        const uint4 v = *reinterpret_cast<const uint4*>(share + best_piece);
+        const T* h = reinterpret_cast<const T*>(&v);
+        best_e = best_piece + E - 1;  // not reached: some entry of the piece has the piece's max
+#pragma unroll
+        for (int j = E - 1; j >= 0; --j)
+          if (logit_value(to_float(h[j])) == best_x) best_e = best_piece + j;
+      }
+    } else {
+      for (; i0 <= last; e0 += stride * E, i0 += step) {
+        const uint4 v = *reinterpret_cast<const uint4*>(share + e0);
+        const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+          const float x = logit_value(to_float(h[j]));
+          if (x > best_x) {
+            best_x = x;
+            best_e = e0 + j;
+          }
         }
       }
     }
@@ -618,8 +657,8 @@ __device__ __forceinline__ ArgMax split_max_share(const T* __restrict__ row, int
 template <bool kUnitT, bool kTau>
 __device__ __forceinline__ float kept_exp(float x, float m, float temperature, uint32_t tau) {
   const float z = kUnitT ? x - m : scaled_logit(x, m, temperature);
-  if constexpr (kTau) return order_key(z) >= tau ? exp_f(z) : 0.f;
-  return exp_f(z);
+  if constexpr (kTau) return order_key(z) >= tau ? sum_exp_f(z) : 0.f;
+  return sum_exp_f(z);
 }
 
 template <int kVThreads, bool kUnitT, bool kTau, typename T>

@@ -86,6 +86,20 @@ SPECDEC_HD float exp_f(float z) {
 #endif
 }
 
+// e^z as a term of a row's normalizer (the kept mass S, a greedy row's sum of exp(x - m)). On the GPU
+// the approximate exponential (__expf: ex2.approx of z * log2(e), 2 instructions against expf's 8;
+// CUDA's documented error bound 2 + 1.173 |z| ulp, under 11 ulp where z >= -8 and the sum's mass lies)
+// as Triton's tl.exp: far under the float32 rounding of a sum of 10^5 terms. Elsewhere exp_f. A single
+// entry's probability (acceptance tests, races, logprobs' numerators) and the radix select's masses
+// keep exp_f. Every CUDA kernel sums with it, in the single-block kernel's order (bit for bit).
+SPECDEC_HD float sum_exp_f(float z) {
+#if defined(__CUDA_ARCH__)
+  return __expf(z);
+#else
+  return std::exp(z);
+#endif
+}
+
 SPECDEC_HD float log_f(float z) {
 #if defined(__CUDA_ARCH__)
   return logf(z);
