@@ -13,11 +13,12 @@
 #   CHECK_ONLY=1 bash bench/gpu_check.sh             # the precondition check only (seconds)
 #   PYTHON=/path/to/python bash bench/gpu_check.sh   # another interpreter than `python`
 #
-# What comes back from a lent machine is at most 8 files, so $OUT (default bench/results) receives three:
+# What comes back from a lent machine is at most 8 files, so $OUT (default bench/results) receives four:
 #   summary.txt      every step's command, exit status and seconds, the test lines, the roofline table and the
 #                    tail of each benchmark (also printed as the script runs)
 #   results.tar.gz   every log and JSON of the run (the step logs, bench_*.json, roofline.json)
 #   roofline.json    predicted and measured time of each hot kernel (bench/roofline.py --json)
+#   _C*.so           the extension the build step made (a rerun on a fresh machine: carry it, skip "build")
 # Logs are written to $GPU_CHECK_LOGS (default build/gpu_check) and packed into results.tar.gz after every step,
 # so a run cut short still returns what it finished. Each step's time limit is the smaller of its own cap and
 # what is left of the budget (less 10 s for packing); a step that no longer fits is skipped and says so.
@@ -188,6 +189,9 @@ if want build; then
     [ $rc -ne 125 ] && { log "BUILD FAILED (tail of build.log follows)"; tail -30 "$LOGS/build.log" | note; }
     log "nothing else can run without the build"; pack; exit 1
   fi
+  # the built extension comes back too: a rerun on a fresh machine carries it (copied to specdec_ops/) and
+  # leaves "build" out of GPU_CHECK_STEPS
+  [ -z "$SIMULATE" ] && for so in specdec_ops/_C*.so; do [ -f "$so" ] && cp -f "$so" "$OUT/"; done
 fi
 if [ -z "$SIMULATE" ]; then
   python -c "from specdec_ops import _ops; assert _ops.cuda_kernels_built(); print('CUDA kernels built')" 2>&1 | note
@@ -198,9 +202,13 @@ fi
 # this step's time, then run side by side.
 XDIST=()
 if [ -z "$SIMULATE" ] && python -c "import xdist" 2> /dev/null; then XDIST=(-n "${TEST_WORKERS:-8}"); fi
+# -v: one line per test as it ends, so a step cut at its limit still says which tests failed; a test that
+# hangs (a kernel that never ends) is ended after 90 s where pytest-timeout is installed
+if [ -z "$SIMULATE" ] && python -c "import pytest_timeout" 2> /dev/null; then XDIST+=(--timeout 90); fi
 if want tests; then
-  step tests 150 30 cuda_tests.log "$PYTHON" -m pytest -q -p no:cacheprovider -rfE -m cuda "${XDIST[@]}" tests
-  grep -s -E "^(FAILED|ERROR) " "$LOGS/cuda_tests.log" | head -30 | note
+  step tests 150 30 cuda_tests.log "$PYTHON" -m pytest -v -p no:cacheprovider -rfE -m cuda "${XDIST[@]}" tests
+  { grep -s -E "^(FAILED|ERROR) " "$LOGS/cuda_tests.log" \
+    || grep -s -E "(FAILED|ERROR) tests/" "$LOGS/cuda_tests.log"; } | head -40 | note
   tail -1 "$LOGS/cuda_tests.log" 2> /dev/null | note
 fi
 
