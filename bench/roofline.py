@@ -984,17 +984,71 @@ def combine_kernels(case, first, second):
 # ----------------------------------------------------------------------------------------------------------
 
 def _time(fn, iters=50):
+    """Time ``fn`` three ways (seconds per call): ``eager``, CUDA events around ``iters`` calls from Python
+    (what an eager caller sees, host overhead included); ``graph``, the same calls captured in one CUDA
+    graph and replayed (the GPU's time with launch gaps, no host overhead: what the model predicts; None
+    when the op cannot be captured, ``graph_error`` says why); ``kernels``, each kernel's mean duration
+    per call from torch.profiler (``kernel``: their sum, the GPU busy time)."""
+    import collections
+
     import torch
 
+    def events_time(body, n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(n):
+            body()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3
+
     fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters / 1e3
+    out = dict(eager=events_time(fn, iters) / iters, graph=None)
+    per_graph = 10
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream before the capture, as torch's docs do
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(per_graph):
+                fn()
+        graph.replay()
+        replays = max(1, iters // per_graph)
+        out["graph"] = events_time(graph.replay, replays) / (replays * per_graph)
+    except Exception as exc:  # noqa: BLE001 - reported next to the eager time
+        out["graph_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        torch.cuda.synchronize()
+    kernels = collections.Counter()
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        n = 10
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                kernels[e.name] += e.time_range.elapsed_us() * 1e-6 / n
+    except Exception as exc:  # noqa: BLE001
+        out["profile_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    out["kernels"] = dict(kernels.most_common())
+    out["kernel"] = sum(kernels.values()) if kernels else None
+    return out
+
+
+def _timing_text(t) -> str:
+    """One line of a _time result: graph, kernel and eager microseconds, the kernels by their share."""
+    us = lambda v: "-" if v is None else f"{v * 1e6:.1f}"  # noqa: E731
+    names = ", ".join(f"{name[:48]} {v * 1e6:.1f}" for name, v in list(t.get("kernels", {}).items())[:6])
+    text = f"graph {us(t['graph'])} us, kernels {us(t.get('kernel'))} us, eager {us(t['eager'])} us"
+    if "graph_error" in t:
+        text += f" (no graph: {t['graph_error'][:80]})"
+    return text + (f" [{names}]" if names else "")
 
 
 def _measure_rejection(batch, has_q, greedy, backend):
@@ -1102,8 +1156,9 @@ def _measure_attention():
         qd = q[:, :1].transpose(1, 2)
         kd, vd = kc[:, :a["prefix"]].transpose(1, 2), vc[:, :a["prefix"]].transpose(1, 2)
         decode = _time(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True))
-        print(f"  tree_attention {tree * 1e6:.1f} us vs causal decode (SDPA) {decode * 1e6:.1f} us: "
-              f"{tree / decode:.2f}x")
+        key = "graph" if tree["graph"] and decode["graph"] else "eager"
+        print(f"  tree_attention {tree[key] * 1e6:.1f} us vs causal decode (SDPA) {decode[key] * 1e6:.1f} us "
+              f"({key}): {tree[key] / decode[key]:.2f}x; SDPA: {_timing_text(decode)}")
         return tree
     return measure
 
@@ -1265,10 +1320,14 @@ def _run(args) -> int:
             if case.name in rows and case.measure is not None:
                 r = rows[case.name]
                 try:
-                    t = case.measure()
-                    r.update(measured_us=t * 1e6, measured_pct_peak=100 * case.min_bytes / BANDWIDTH / t)
+                    timing = case.measure()
+                    t = timing["graph"] or timing["eager"]  # the GPU's time where the op can be captured
+                    r.update(measured_us=t * 1e6, measured_pct_peak=100 * case.min_bytes / BANDWIDTH / t,
+                             measured_how="graph" if timing["graph"] else "eager",
+                             timing={k: v for k, v in timing.items()})
                     print(f"measured {case.name}: {t * 1e6:.1f} us, {r['measured_pct_peak']:.0f}% of peak "
-                          f"(predicted {r['predicted_us']:.1f} us, {r['pct_peak']:.0f}%)", flush=True)
+                          f"(predicted {r['predicted_us']:.1f} us, {r['pct_peak']:.0f}%): {_timing_text(timing)}",
+                          flush=True)
                 except Exception as e:  # noqa: BLE001 - a kernel that cannot be timed is reported
                     r["measure_error"] = str(e)[-300:]
                     print(f"measured {case.name}: FAILED: {r['measure_error'][-200:]}", flush=True)
