@@ -21,9 +21,12 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import shlex
 import shutil
+import struct
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -97,6 +100,81 @@ def nvidia_wheel_includes():
     return list(dict.fromkeys(d for d in dirs if os.path.isdir(d)))
 
 
+def elf_needed(path):
+    """The DT_NEEDED entries (sonames) of a 64-bit little-endian ELF shared object."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    needed = []
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 6:  # SHT_DYNAMIC; its sh_link is the string table of the names
+            continue
+        strtab = sections[link][4]
+        for pos in range(offset, offset + size, entsize or 16):
+            tag, value = struct.unpack_from("<qQ", data, pos)
+            if tag == 0:  # DT_NULL
+                break
+            if tag == 1:  # DT_NEEDED
+                end = data.index(b"\0", strtab + value)
+                needed.append(data[strtab + value:end].decode())
+    return needed
+
+
+def links_libstdcxx_statically(compiler):
+    """Whether ``compiler -shared`` puts a private copy of libstdc++ into a shared object (a toolchain built
+    with static standard libraries, or with libstdc++.a alone): link a few lines that use an ostringstream and
+    see whether the result depends on libstdc++.so. None when the probe does not build (no verdict)."""
+    source = "#include <sstream>\nstd::string text(unsigned long x) { std::ostringstream s; s << x; return s.str(); }\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
+        with open(src, "w") as f:
+            f.write(source)
+        try:
+            result = subprocess.run([*compiler, "-shared", "-fPIC", "-O0", src, "-o", out], capture_output=True)
+            if result.returncode != 0:
+                return None
+            return not any(n.startswith("libstdc++.so") for n in elf_needed(out))
+        except (OSError, ValueError):
+            return None
+
+
+def process_libstdcxx():
+    """The libstdc++ this process runs with (torch's, once torch is imported), from /proc/self/maps."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/libstdc++.so" in line}
+    except OSError:
+        return None
+    return sorted(paths)[0] if paths else None
+
+
+def libstdcxx_link_args():
+    """Link arguments that keep the extension on the libstdc++ torch runs with.
+
+    A compiler that links libstdc++ statically gives the extension its own copy: its functions then run on
+    torch's streams and locale (data binds to the process's libstdc++), and formatting a number in an error
+    message (c10::str, every TORCH_CHECK with an index) crashes or truncates the message. Naming the process's
+    libstdc++.so.6 before the compiler's own archive links every symbol it has dynamically."""
+    if not sys.platform.startswith("linux"):
+        return []
+    # the compiler the build links with: $CXX where set (torch's extensions use it), else c++ on PATH
+    candidates = [shlex.split(c) for c in dict.fromkeys(filter(None, (os.environ.get("CXX"), "c++")))]
+    static = next((c for c in candidates if links_libstdcxx_statically(c)), None)
+    if static is None:
+        return []
+    lib = process_libstdcxx()
+    if lib is None:
+        print(f"specdec_ops: warning: {static[0]} links libstdc++ statically and this process's libstdc++ "
+              "was not found: C++ error messages with numbers may crash (set CXX to another compiler)")
+        return []
+    print(f"specdec_ops: {static[0]} links libstdc++ statically: linking {lib} (torch's) instead")
+    return [lib]
+
+
 def want_cuda(torch, cpp_extension):
     if os.environ.get("SPECDEC_NO_CUDA", "0") not in ("", "0"):
         print("specdec_ops: SPECDEC_NO_CUDA set, building the CPU kernels only")
@@ -139,6 +217,7 @@ def extensions():
     # host files instantiate torch's templates, whose debug information halves their compile speed and makes
     # half of the library (27 MB instead of 13 MB for sm_90); SPECDEC_DEBUG=1 keeps it.
     cxx_flags = ["-O3"] + ([] if os.environ.get("SPECDEC_DEBUG", "0") not in ("", "0") else ["-g0"])
+    link_args = libstdcxx_link_args()  # (torch is imported: its libstdc++ is loaded)
     if want_cuda(torch, cpp_extension):
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
         print(f"specdec_ops: building CUDA kernels for {os.environ['TORCH_CUDA_ARCH_LIST']}")
@@ -154,9 +233,11 @@ def extensions():
             include_dirs=[os.path.join(cpp_extension.CUDA_HOME, "include")],
             define_macros=[("SPECDEC_WITH_CUDA", "1")],
             extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags()},
+            extra_link_args=link_args,
         )
     else:
-        ext = cpp_extension.CppExtension("specdec_ops._C", cpp, extra_compile_args={"cxx": cxx_flags})
+        ext = cpp_extension.CppExtension("specdec_ops._C", cpp, extra_compile_args={"cxx": cxx_flags},
+                                         extra_link_args=link_args)
     return [ext], {"build_ext": cpp_extension.BuildExtension}
 
 

@@ -8,6 +8,8 @@ distribution whose metadata says 60.0.0, or no site-packages at all.
 
 import ast
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -127,3 +129,57 @@ def test_release_parsing_orders_versions_numerically(version, expected):
     exec(compile(ast.Module(body=[func], type_ignores=[]), SETUP, "exec"), namespace)
     assert namespace["release"](version) == expected
     assert namespace["release"]("2.9.1") < (2, 11) <= namespace["release"]("2.11.0")
+
+
+def setup_functions(*names):
+    """Functions of setup.py, executed alone (setup.py itself builds when run)."""
+    tree = ast.parse(open(SETUP).read())
+    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    namespace = {m: __import__(m) for m in ("os", "shlex", "struct", "subprocess", "sys", "tempfile")}
+    exec(compile(ast.Module(body=funcs, type_ignores=[]), SETUP, "exec"), namespace)
+    return namespace
+
+
+def test_extension_runs_on_the_shared_libstdcxx():
+    # A private copy of libstdc++ in the extension (a toolchain that links it statically) breaks every C++
+    # error message with a number in it: the first GPU machine's /opt/gcc did that, and kv_commit's device
+    # check segfaulted. The built extension must depend on the shared library instead.
+    import specdec_ops._C as ext
+
+    needed = setup_functions("elf_needed")["elf_needed"](ext.__file__)
+    assert any(n.startswith("libstdc++.so") for n in needed), needed
+    assert "libc.so.6" in needed
+    readelf = shutil.which("readelf")
+    if readelf:  # the parser against binutils' reading of the same file
+        out = subprocess.run([readelf, "-d", ext.__file__], capture_output=True, text=True).stdout
+        assert needed == re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", out)
+
+
+def test_a_toolchain_linking_libstdcxx_statically_is_detected_and_relinked(tmp_path, monkeypatch):
+    gxx = shutil.which("g++")
+    if gxx is None or subprocess.run([gxx, "-print-file-name=libstdc++.a"], capture_output=True,
+                                     text=True).stdout.strip() == "libstdc++.a":
+        pytest.skip("needs g++ with libstdc++.a")
+    import torch  # noqa: F401  (loads the libstdc++ torch runs with, as in setup.py)
+
+    f = setup_functions("elf_needed", "links_libstdcxx_statically", "process_libstdcxx", "libstdcxx_link_args")
+    assert f["links_libstdcxx_statically"]([gxx]) is False
+    assert f["links_libstdcxx_statically"]([gxx, "-static-libstdc++"]) is True
+    assert f["links_libstdcxx_statically"]([str(tmp_path / "no-such-compiler")]) is None
+    lib = f["process_libstdcxx"]()
+    assert lib is not None and os.path.basename(lib).startswith("libstdc++.so") and os.path.exists(lib)
+    # a compiler that links it statically gets the process's libstdc++ named on the link line; others nothing
+    wrapper = tmp_path / "g++-static"
+    wrapper.write_text(f'#!/bin/sh\nexec {gxx} -static-libstdc++ "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    assert f["libstdcxx_link_args"]() == [lib]
+    monkeypatch.setenv("CXX", gxx)
+    monkeypatch.setenv("PATH", os.path.dirname(gxx))  # c++ on PATH: the same kind of compiler
+    assert f["libstdcxx_link_args"]() == []
+    # and what the link arguments do: the probe linked with them depends on the shared library
+    src = tmp_path / "p.cpp"
+    src.write_text("#include <sstream>\nstd::string t(unsigned long x) { std::ostringstream s; s << x; return s.str(); }\n")
+    out = tmp_path / "p.so"
+    subprocess.run([str(wrapper), "-shared", "-fPIC", str(src), "-o", str(out), lib], check=True)
+    assert any(n.startswith("libstdc++.so") for n in f["elf_needed"](str(out)))
