@@ -357,8 +357,9 @@ def _tile_config(dtype: torch.dtype, rows: int, head_dim: int) -> tuple[int, int
     except 64 rows with D = 128 (the reference shape: N = 16, GQA 4), which take 4 warps of 16 whole rows
     each (no cross-warp row reductions; 215-255 registers, two blocks per SM): bench/roofline.py, compiling
     what the JIT compiles, predicts 100% of the HBM roofline there against 73% for the 8-warp tile;
-    float32 (IEEE dots on the FMA units, no tensor cores) keeps 16-key tiles of at most 32 rows, 16
-    from D = 128 on. Tiles of 16 rows with D <= 64 get a register cap of 255 (ptxas .maxnreg): without
+    float32 (both dots IEEE on the FMA units, no tensor cores) keeps 16-key tiles of at most 32 rows, 16
+    from D = 128 on, with 8 warps from D = 128 on (4 warps spill ~450 bytes there; float32 with D = 256
+    spills with any warp count: a slow path, no fast one is promised for it). Tiles of 16 rows with D <= 64 get a register cap of 255 (ptxas .maxnreg): without
     one, ptxas keeps those kernels near 80-170 registers and spills two or three values live across the
     whole kernel (4-8 bytes, on Triton 3.6 or 3.9 depending on the kernel's exact code); with the cap
     stated it keeps them in registers (about 150-210, still two or more blocks of 4 warps per SM).
@@ -367,7 +368,7 @@ def _tile_config(dtype: torch.dtype, rows: int, head_dim: int) -> tuple[int, int
     block_m = min(64, max(16, next_pow2(rows)))
     maxnreg = 255 if block_m == 16 and block_d <= 64 else None
     if dtype == torch.float32:
-        return min(block_m, 32 if block_d <= 64 else 16), 16, block_d, 4, maxnreg
+        return min(block_m, 32 if block_d <= 64 else 16), 16, block_d, 8 if block_d >= 128 else 4, maxnreg
     if block_m == 16:
         return block_m, 64 if block_d <= 128 else 32, block_d, 4, maxnreg
     if block_m == 64 and block_d == 128:

@@ -2,7 +2,7 @@
 test_tree_attention.py::test_triton_kernels_compile_for_sm90_without_a_gpu in a subprocess without
 TRITON_INTERPRET. The tile configurations are the launcher's (specdec_ops.attention._tile_config), strides of
 the head dimension 1 and the others divisible by 16, as the JIT specializes them for contiguous caches;
-fails on any spill."""
+fails on any spill, and on a TF32 dot in the float32 kernels."""
 
 import torch
 from aot_common import check, compile_kernel
@@ -25,6 +25,8 @@ for dtype, rows, d in CASES:
             aligned = [n for n in mod.tree_attention_kernel.arg_names if n.startswith("stride") and n not in const]
             kernel = compile_kernel(mod.tree_attention_kernel, types, const, aligned=aligned + ["head_dim"],
                                     num_warps=num_warps, num_stages=2, maxnreg=maxnreg)
+            if dtype == "fp32":  # both dots (Q K^T and P V) in exact float32, none rounded to TF32
+                assert "tf32" not in kernel.asm["ptx"], f"tree_attention fp32 rows={rows} D={d}: a TF32 dot"
             if not while_loops:
                 check(kernel, f"tree_attention {dtype} rows={rows} D={d} paged={paged} "
                               f"tiles=({block_m}, {block_n}, {block_d}) warps={num_warps} maxnreg={maxnreg}")

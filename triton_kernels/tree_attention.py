@@ -40,23 +40,30 @@ def _kv_tile(base_ptr, b, kvh, pos, valid, d, d_ok, table_ptr, table_stride, blo
 
 
 @triton.jit
-def _online_update(m_i, l_i, acc, s, v, p_dtype):
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b in float32; IEEE (float32 inputs): exact float32 products on the FMA units, as PyTorch's float32
+    attention computes them (a plain tl.dot of float32 rounds its inputs to TF32 on tensor cores)."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee", out_dtype=tl.float32)
+    else:
+        return tl.dot(a, b, out_dtype=tl.float32)
+
+
+@triton.jit
+def _online_update(m_i, l_i, acc, s, v, p_dtype, IEEE: tl.constexpr):
     """One online-softmax step on base-2 scores s [M, N] (-inf = hidden)."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(p_dtype), v, out_dtype=tl.float32)
+    acc = acc * alpha[:, None] + _dot(p.to(p_dtype), v, IEEE)
     return m_new, l_i, acc
 
 
 @triton.jit
 def _scores(q, k, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=tl.float32)
-    else:
-        return tl.dot(q, tl.trans(k), out_dtype=tl.float32)
+    return _dot(q, tl.trans(k), IEEE)
 
 
 @triton.jit
@@ -72,7 +79,7 @@ def _prefix_tile(m_i, l_i, acc, q, start, hi, offs_n, b, kvh, d, d_ok, k_ptr, v_
     v, _ = _kv_tile(v_ptr, b, kvh, pos, valid, d, d_ok, table_ptr, table_stride, block_size,
                     num_blocks, stride_v0, stride_v1, stride_vh, stride_vd, PAGED)
     s = tl.where(valid[None, :], _scores(q, k, IEEE) * qk_scale, float("-inf"))
-    return _online_update(m_i, l_i, acc, s, v, p_dtype)
+    return _online_update(m_i, l_i, acc, s, v, p_dtype, IEEE)
 
 
 @triton.jit
@@ -95,7 +102,7 @@ def _tree_tile(m_i, l_i, acc, q, t0, prefix, capacity, num_nodes, mask_rows, row
                     num_blocks, stride_v0, stride_v1, stride_vh, stride_vd, PAGED)
     k = tl.where(seen[:, None], k, 0.0)
     s = tl.where(visible, _scores(q, k, IEEE) * qk_scale, float("-inf"))
-    return _online_update(m_i, l_i, acc, s, v, p_dtype)
+    return _online_update(m_i, l_i, acc, s, v, p_dtype, IEEE)
 
 
 @triton.jit(do_not_specialize=["num_nodes", "capacity", "num_blocks", "num_splits"])
