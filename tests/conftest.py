@@ -33,6 +33,16 @@ if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("
     _install_interpreter_patching()
 
 
+def pytest_runtest_logreport(report):
+    """SPECDEC_FAILURE_LOG=path: each failed test's report is appended to that file as soon as it arrives (on
+    the controlling process under pytest-xdist), so that a run cut off at a time limit, as on a lent GPU
+    machine (bench/gpu_check.sh), still shows why each finished test failed."""
+    path = os.environ.get("SPECDEC_FAILURE_LOG")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:  # (workers send it on to it)
+        with open(path, "a") as f:
+            f.write(f"===== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")
+
+
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
