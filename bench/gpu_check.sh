@@ -44,7 +44,7 @@ FAILED=""         # the steps that failed or timed out
 SKIPPED=""        # the steps (benches: as one) that the budget left out
 T0=$SECONDS
 mkdir -p "$OUT" "$LOGS"
-rm -f "$OUT/summary.txt" "$OUT/results.tar.gz" "$OUT/roofline.json" "$LOGS"/*.log "$LOGS"/*.json "$LOGS"/*.txt
+rm -f "$OUT/summary.txt" "$OUT/results.tar.gz" "$OUT/roofline.json" "$LOGS"/*.log "$LOGS"/*.json "$LOGS"/*.txt "$LOGS"/*.md "$LOGS"/*.png
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 log() { echo "[$(date +%H:%M:%S) +$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"; }
@@ -223,6 +223,11 @@ if want roofline; then
     --arch 90 --json "$LOGS/roofline.json"
   cp -f "$LOGS/roofline.json" "$OUT/roofline.json" 2> /dev/null
   grep -s -v "^$" "$LOGS/roofline.log" | tail -40 | note
+  # predicted next to measured as a Markdown table (README's "Measured on an H200") and a chart, into the logs
+  if [ -z "$SIMULATE" ] && [ -f "$LOGS/roofline.json" ]; then
+    python bench/measured_report.py "$LOGS/roofline.json" --png "$LOGS/roofline.png" > "$LOGS/measured.md" 2>&1
+    cat "$LOGS/measured.md" | note
+  fi
 fi
 
 # ------------------------------------------------------------------------------------------ benchmarks

@@ -42,3 +42,27 @@ def test_percent_of_peak_when_no_ratio_and_no_chart_without_either(tmp_path):
     plain.add(B=1, ms=0.5)
     plain.write_json(str(tmp_path / "plain.json"))
     assert not plain.write_chart(str(tmp_path / "plain.png")) and not (tmp_path / "plain.png").exists()
+
+
+def test_measured_report_reads_a_gpu_run(tmp_path):
+    import measured_report
+
+    data = {"rows": {
+        "a_cuda": dict(predicted_us=10.0, pct_peak=80.0, measured_us=20.0, measured_pct_peak=40.0,
+                       measured_how="graph", timing=dict(eager=50e-6, graph=20e-6, kernel=18e-6, kernels={})),
+        "b_triton": dict(predicted_us=4.0, pct_peak=50.0, measured_us=12.0, measured_pct_peak=16.7,
+                         timing=dict(eager=12e-6, graph=None)),
+        "c_unmeasured": dict(predicted_us=1.0, pct_peak=99.0)}}
+    rows = measured_report.rows_of(data)
+    assert [r["kernel"] for r in rows] == ["a_cuda", "b_triton"]
+    assert rows[0]["ratio"] == 2.0 and rows[1]["ratio"] == 3.0
+    table = measured_report.markdown(rows).splitlines()
+    assert table[2] == "| a_cuda | 10.0 | 20.0 | 18.0 | 50.0 | 80 | 40.0 | 2.0 |"
+    assert table[3] == "| b_triton | 4.0 | 12.0 (eager) | - | 12.0 | 50 | 16.7 | 3.0 |"
+    # the committed H200 run: every kernel of the model measured, and the chart drawn
+    path = os.path.join(os.path.dirname(measured_report.__file__), "h200_2026-12-04.json")
+    png = tmp_path / "m.png"
+    assert measured_report.main([path, "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(path) as f:
+        assert len(measured_report.rows_of(json.load(f))) == 23
