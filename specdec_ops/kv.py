@@ -26,7 +26,6 @@ KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.in
 _KV_DTYPE_SET = frozenset(KV_DTYPES)
 _UNBOUNDED = 1 << 62  # slots per request when no cache bounds them
 _MAX_SEQ_LEN = 2**31 - 1  # seq_lens is int32 (csrc/kv/kv_math.h kKVMaxSeqLen)
-_BITS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -416,11 +415,14 @@ def _triton_kv_commit(caches, seq_lens, accepted_path, block_table):
     table = block_table.contiguous() if paged else path
     block_m = max(next_pow2(max_path), 2)
     geometry_args = (max_path, path.stride(0), capacity, block_size, num_blocks, table.stride(0))
+    # One launch per element size (every cache of the usual single dtype at once). The kernel moves raw
+    # elements of that size through the addresses and strides of the device tables, never the tensors
+    # themselves: the caches need no reinterpreting view.
     groups: dict[int, list[torch.Tensor]] = {}
     for cache in caches:
         if cache.numel() > 0:
-            groups.setdefault(cache.element_size(), []).append(cache.view(_BITS_OF_SIZE[cache.element_size()]))
-    for group in groups.values():  # one launch per element size: every cache of the usual single dtype at once
+            groups.setdefault(cache.element_size(), []).append(cache)
+    for group in groups.values():
         addresses, geometry, (contiguous_rows, vec), _ = _cache_tables(group, seq_lens.device)
         row_elems = max(c.shape[2] * c.shape[3] for c in group)
         block = min(max(next_pow2(row_elems), 16), 1024)
