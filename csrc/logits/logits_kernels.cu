@@ -968,9 +968,11 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
              reinterpret_cast<unsigned*>(ws) + b, 0u,
              kFiltered ? ws + split_hist_offset(p.batch, layout.parts, b, 0) : nullptr, 0u};
   if constexpr (kFiltered) {
-    // Histogram 0's buffer, zeroed before the first barrier (the max pass's): logits_split.h.
+    // Histogram 0's buffer, zeroed before the first barrier (the max pass's): logits_split.h. All of it, the
+    // 64-bit masses too (256 x 4 + 256 x 8 bytes): the workspace is not zeroed by the launcher, and a mass
+    // left over from an earlier call in a bin the first top-p pass never fills moved its threshold.
     if (leader)
-      for (int d = threadIdx.x; d < 2 * kRadixBins; d += blockDim.x) reinterpret_cast<unsigned*>(c.hist_ws)[d] = 0u;
+      for (int d = threadIdx.x; d < split_hist_bytes() / 4; d += blockDim.x) reinterpret_cast<unsigned*>(c.hist_ws)[d] = 0u;
   }
 
   int64_t k = 0, final_token = 0;

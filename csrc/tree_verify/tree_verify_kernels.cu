@@ -358,8 +358,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) tree_verify_kernel(con
   }
   __syncthreads();
 
-  // Children of u in index order into `children`; every thread gets their number.
+  // Children of u in index order into `children`; every thread gets their number. The leading barrier: a
+  // warp may still read the previous node's children[j] (its accept test) when thread 0 gets here.
   const auto list_children = [&](int64_t u) -> int {
+    __syncthreads();
     if (threadIdx.x == 0) {
       int d = 0;
       for (int64_t c = u + 1; c < n; ++c)
@@ -450,6 +452,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) tree_verify_kernel(con
         }
       } else {
         const T* q_row = draft + u * V;
+        args.purpose = tree_final_purpose(true);  // the race runs only after every child was rejected
         int64_t m = 0;
         for (int j = 0; j < d && accepted < 0; ++j) {
           const int64_t c = children[j], x = token[c];
