@@ -198,10 +198,10 @@ if [ -z "$SIMULATE" ]; then
 fi
 
 # ------------------------------------------------------------------------------------------ CUDA tests
-# Tests run on 8 pytest workers where pytest-xdist is installed: the Triton kernels' first compiles, most of
+# Tests run on 12 pytest workers (16 cores) where pytest-xdist is installed: the Triton kernels' first compiles, most of
 # this step's time, then run side by side.
 XDIST=()
-if [ -z "$SIMULATE" ] && python -c "import xdist" 2> /dev/null; then XDIST=(-n "${TEST_WORKERS:-8}"); fi
+if [ -z "$SIMULATE" ] && python -c "import xdist" 2> /dev/null; then XDIST=(-n "${TEST_WORKERS:-12}"); fi
 # -v: one line per test as it ends, so a step cut at its limit still says which tests failed; a test that
 # hangs (a kernel that never ends) is ended after 90 s where pytest-timeout is installed
 if [ -z "$SIMULATE" ] && python -c "import pytest_timeout" 2> /dev/null; then XDIST+=(--timeout 90); fi
@@ -209,7 +209,8 @@ if [ -z "$SIMULATE" ] && python -c "import pytest_timeout" 2> /dev/null; then XD
 # first H200 run cut the step at its limit before pytest's summary, and every traceback was lost.
 if want tests; then
   SPECDEC_FAILURE_LOG="$LOGS/cuda_failures.txt" \
-    step tests 210 30 cuda_tests.log "$PYTHON" -m pytest -v -p no:cacheprovider -rfE -m cuda "${XDIST[@]}" tests
+    step tests 210 30 cuda_tests.log "$PYTHON" -m pytest -v -p no:cacheprovider -rfE --durations=25 -m cuda \
+      "${XDIST[@]}" tests
   { grep -s -E "^(FAILED|ERROR) " "$LOGS/cuda_tests.log" \
     || grep -s -E "(FAILED|ERROR) tests/" "$LOGS/cuda_tests.log"; } | head -40 | note
   tail -1 "$LOGS/cuda_tests.log" 2> /dev/null | note
