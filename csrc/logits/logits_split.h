@@ -116,6 +116,21 @@ SPECDEC_HD unsigned long long split_mass_target(float top_p, unsigned long long 
   return static_cast<unsigned long long>(static_cast<double>(top_p) * static_cast<double>(total) *
                                          (1.0 - static_cast<double>(kTopPSlack)));
 }
+// A 64-bit sum kept as two 32-bit words (lo, hi) and added to with 32-bit adds alone: add32(word, x) adds x
+// to a word and returns its old value (atomicAdd on the device, where a 32-bit add in shared memory is one
+// native instruction and a 64-bit one a compare-and-swap loop that lanes hitting one bin go through one at a
+// time). The add that carries lo past 2^32 sees it in the old value and puts the carry into hi with its own
+// high word: the sum is exact, and the same, in any order (mod 2^64; the masses stay below 2^58).
+template <typename Add32>
+SPECDEC_HD void split_add_u64(unsigned* lo, unsigned* hi, unsigned long long v, Add32&& add32) {
+  const unsigned l = static_cast<unsigned>(v), h = static_cast<unsigned>(v >> 32);
+  const unsigned old = add32(lo, l);
+  const unsigned up = h + (old + l < old ? 1u : 0u);
+  if (up != 0u) add32(hi, up);
+}
+SPECDEC_HD unsigned long long split_join_u64(unsigned lo, unsigned hi) {
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
 constexpr int kSplitHistBins = 256;  // logits_math.h kRadixBins
 constexpr int kSplitHistBuffers = 3;
 SPECDEC_HD int64_t split_hist_bytes() { return kSplitHistBins * (4 + 8); }

@@ -502,7 +502,39 @@ static void test_split_radix_select_matches_the_cpu_selection() {
   CHECK(split_select(padded, l, true, 0.8f, 0u) == order_key(zs[1]));
 }
 
+// The split kernel's 64-bit bin masses added as two 32-bit words (split_add_u64, atomicAdd on the device):
+// exact in any order, carries included, against plain 64-bit sums.
+static void test_split_two_word_mass_sums_exactly() {
+  std::mt19937_64 gen(11);
+  const auto add32 = [](unsigned* w, unsigned x) {
+    const unsigned old = *w;
+    *w = old + x;
+    return old;
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<unsigned long long> values(1 + gen() % 400);
+    for (auto& v : values) {  // masses near the 32-bit boundary, tiny ones and single-entry maxima (2^40)
+      const int kind = static_cast<int>(gen() % 4);
+      v = kind == 0 ? gen() % (1ull << 41) : kind == 1 ? 0xFFFFFFFFull - gen() % 16 : kind == 2 ? gen() % 8 : 1ull << 40;
+    }
+    unsigned long long want = 0;
+    for (const auto v : values) want += v;
+    for (int order = 0; order < 2; ++order) {
+      unsigned lo = 0, hi = 0;
+      for (const auto v : values) split_add_u64(&lo, &hi, v, add32);
+      CHECK(split_join_u64(lo, hi) == want);
+      std::shuffle(values.begin(), values.end(), gen);
+    }
+  }
+  unsigned lo = 0xFFFFFFFFu, hi = 0;  // one carry exactly at the boundary
+  split_add_u64(&lo, &hi, 1ull, add32);
+  CHECK(lo == 0u && hi == 1u);
+  split_add_u64(&lo, &hi, 0xFFFFFFFFull, add32);  // no carry: lo ends at 2^32 - 1
+  CHECK(lo == 0xFFFFFFFFu && hi == 1u);
+}
+
 int main() {
+  test_split_two_word_mass_sums_exactly();
   test_logit_value_sanitizes();
   test_order_key_preserves_order();
   test_row_sampling_clamps_bad_values();
