@@ -144,8 +144,7 @@ def test_extension_runs_on_the_shared_libstdcxx():
     # A private copy of libstdc++ in the extension (a toolchain that links it statically) breaks every C++
     # error message with a number in it: the first GPU machine's /opt/gcc did that, and kv_commit's device
     # check segfaulted. The built extension must depend on the shared library instead.
-    import specdec_ops._C as ext
-
+    ext = pytest.importorskip("specdec_ops._C", reason="the extension is not built here (setup.py checks only)")
     needed = setup_functions("elf_needed")["elf_needed"](ext.__file__)
     assert any(n.startswith("libstdc++.so") for n in needed), needed
     assert "libc.so.6" in needed
