@@ -125,7 +125,9 @@ class Case:
     loop_pick: object = None     # callable(loop text) -> bool: which of a kernel's loops of the kind is the
                                  # scenario's (kernels whose passes share one loop shape; see hot_loop)
     then: "Case | None" = None   # a second kernel the op launches after this one (its own resources and
-                                 # prediction; the row's time is the sum, its resources this kernel's)
+                                 # prediction; the row's time is the sum, its resources this kernel's; its
+                                 # own `then` follows it, and so on)
+    launches: int = 1            # launches of this kernel, one per pass (LAUNCH_S each)
     dynamic_smem: int = 0        # bytes of dynamic shared memory per block (added to the static for occupancy)
     bar_share: int = 0           # CUDA races: entries a thread races between raises of its bar to the warp's
                                  # best (cuda::warp_raise_bar); 0: each thread skips against its own best only
@@ -442,8 +444,8 @@ def logits_cases():
     2 x LATENCY_S per pass that is not the kernel's last), shared-memory latency and bank conflicts.
     CUDA with top-p: the same kernel's kFiltered variant, with 4 radix passes per row over the share in shared
     memory (each charged the longest radix loop: pass 0 by mass; bin contention in the shared-memory atomics
-    is not modelled) and their histograms exchanged through the workspace. Triton with top-p: one program per
-    request."""
+    is not modelled) and their histograms exchanged through the workspace. Triton with top-p: the split
+    kernels with the radix passes between them (_logits_triton_filtered_case)."""
     cases = []
     batch, rows = 64, K + 1
     row_bytes = V * 2
@@ -459,10 +461,8 @@ def logits_cases():
                 phases = [("max", rows, 1), ("max", rows, 1, "smem")] + \
                          ([("radix", 4 * rows, 1, "smem")] if top_p else []) + \
                          [("expsum", rows, 1, "smem"), ("race", 1, 1, "smem")]
-            else:
-                # row_stats: row_max, [kept mass, radix_select by mass: 8 passes], total; row_race.
-                phases = [("max", rows, 1)] + ([("radix", 8 * rows, 1)] if top_p else []) + \
-                         [("expsum", 2 * rows if top_p else rows, 1), ("race", 1, 2 if has_q else 1)]
+            else:  # (the split kernels' own cases below replace these phases)
+                phases = [("expsum", rows, 1), ("race", 1, 1)]
             passes = sum(p[1] for p in phases)
             hbm_passes = sum(p[1] for p in phases if p[3:] != ("smem",))  # passes that read a row from HBM
             common = dict(shape=shape, loop="race", streams=1, elem_bytes=2,
@@ -489,19 +489,7 @@ def logits_cases():
             elif not top_p:
                 cases.append(_logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common))
             else:
-                cases.append(Case(
-                    name=f"logits_triton_{tag}", backend="triton",
-                    source="triton_kernels.logits:rejection_sample_logits_kernel",
-                    triton=dict(types=dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32",
-                                           top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32",
-                                           token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32",
-                                           bonus_ptr="*i64", rates_ptr="*fp32"),
-                                constexprs=dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, HAS_K=False,
-                                                HAS_P=top_p, HAS_MIN_P=False, LOGPROBS=False, HAS_BONUS=False,
-                                                HAS_RATES=False, BLOCK_K=8,
-                                                vocab=V, BLOCK=1024),
-                                num_warps=4),
-                    grid=lambda res: (batch, 1), **common))
+                cases.append(_logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common))
     return cases
 
 
@@ -521,12 +509,13 @@ def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars
     chunks = -(-V // SPLIT_CHUNK)
     partials = batch * rows * chunks * 20
     types = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32", part_max_ptr="*fp32",
-                 part_arg_ptr="*i64", part_sum_ptr="*fp32", race_score_ptr="*fp32", race_index_ptr="*i64",
+                 part_arg_ptr="*i64", part_sum_ptr="*fp32", tau_ptr="*i64", part_kept_ptr="*fp32",
+                 race_score_ptr="*fp32", race_index_ptr="*i64",
                  tickets_ptr="*i32", token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32",
                  bonus_ptr="*i64", rates_ptr="*fp32")
-    const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, LOGPROBS=False, HAS_BONUS=False,
-                 HAS_RATES=False, CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=SPLIT_CHUNK,
-                 BLOCK_K=8, vocab=V, BLOCK=SPLIT_BLOCK, PART_BLOCK=SPLIT_PART_BLOCK)
+    const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, LOGPROBS=False, HAS_BONUS=False, TREE=False,
+                 HAS_RATES=False, HAS_FILTERS=False, CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(),
+                 CHUNK=SPLIT_CHUNK, BLOCK_K=8, vocab=V, BLOCK=SPLIT_BLOCK, PART_BLOCK=SPLIT_PART_BLOCK)
     race = Case(name=f"logits_triton_{tag}_race", backend="triton", shape=shape, loop="race", streams=1,
                 elem_bytes=2, bytes_moved=batch * row_bytes + batch * chunks * (rows * 20 + 24) + scalars,
                 min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch, passes=1,
@@ -539,6 +528,53 @@ def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars
                 phases=[("expsum", 1, 1)], source="triton_kernels.logits:chain_row_partials_kernel",
                 triton=dict(types=types, constexprs=const, num_warps=4),
                 grid=lambda res: (batch * rows * chunks, chunks), measure=common["measure"], then=race)
+
+
+SPLIT_RADIX_BLOCK = 256  # specdec_ops/logits.py _radix_block (compiled)
+
+
+def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
+    """Triton chain verification with top-p (specdec_ops/logits.py _launch_chain, _launch_filters): the split
+    pair of _logits_triton_split_case with the thresholds between them. chain_row_partials_kernel; then 8
+    launches of chain_radix_pass_kernel (grid B x (K+1) x chunks), each reading every row once more (bf16) and
+    the previous pass's histograms of the row's chunks (CHUNKS x 16 x 8 B per program, L2 in practice, counted
+    as HBM), writing its own (16 x 8 B per program); its loop counted whole, the one-hot histogram included: an
+    upper bound, as only the first passes find a candidate in every tile (later tiles skip it); then
+    chain_kept_mass_kernel (the last pick, each row once more: the kept mass over its chunk); then the walk and
+    the bonus row's race (chain_walk_race_kernel, HAS_FILTERS)."""
+    chunks = -(-V // SPLIT_CHUNK)
+    programs = batch * rows * chunks
+    types = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32", top_k_ptr="*i64",
+                 top_p_ptr="*fp32", min_p_ptr="*fp32", part_max_ptr="*fp32", part_arg_ptr="*i64",
+                 part_sum_ptr="*fp32", hist_ptr="*fp32", prefix_ptr="*i64", acc_ptr="*fp32",
+                 goal_ptr="*fp32", floor_ptr="*i64", tau_ptr="*i64", part_kept_ptr="*fp32", race_score_ptr="*fp32",
+                 race_index_ptr="*i64", tickets_ptr="*i32", token_ids_ptr="*i64", num_accepted_ptr="*i32",
+                 logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32", step="i32", passed="i32")
+    const = dict(PACKED=False, HAS_T=False, HAS_K=False, HAS_P=True, HAS_MIN_P=False, HAS_BONUS=False, TREE=False,
+                 CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=SPLIT_CHUNK, vocab=V)
+    split = dict(shape=shape, streams=1, elem_bytes=2, min_bytes=batch * rows * row_bytes, elems_per_pass=V,
+                 items=batch * rows, grid=lambda res: (programs, chunks))
+    race = Case(name=f"logits_triton_{tag}_race", backend="triton", loop="race", passes=1,
+                bytes_moved=batch * row_bytes + batch * chunks * (rows * 28 + 24) + scalars,
+                source="triton_kernels.logits:chain_walk_race_kernel",
+                triton=dict(types=types, constexprs=dict(const, HAS_DRAFT_PROBS=has_q, LOGPROBS=False,
+                                                         HAS_RATES=False, HAS_FILTERS=True, BLOCK_K=8,
+                                                         BLOCK=SPLIT_BLOCK), num_warps=4),
+                **dict(split, items=batch, grid=lambda res: (batch * chunks, chunks)))
+    kept = Case(name=f"logits_triton_{tag}_kept", backend="triton", loop="expsum", passes=1,
+                bytes_moved=batch * rows * row_bytes + programs * (4 + 2 * 16 * 8 + 8),
+                source="triton_kernels.logits:chain_kept_mass_kernel",
+                triton=dict(types=types, constexprs=dict(const, BLOCK=SPLIT_BLOCK), num_warps=4), then=race, **split)
+    radix = Case(name=f"logits_triton_{tag}_radix", backend="triton", loop="scan", passes=8, launches=8,
+                 bytes_moved=8 * (batch * rows * row_bytes + programs * (chunks + 1) * 16 * 8),
+                 source="triton_kernels.logits:chain_radix_pass_kernel",
+                 triton=dict(types=types, constexprs=dict(const, BY_MASS=True, BLOCK=SPLIT_RADIX_BLOCK),
+                             num_warps=4), then=kept, **split)
+    return Case(name=f"logits_triton_{tag}", backend="triton", loop="expsum", passes=1,
+                bytes_moved=batch * rows * row_bytes + programs * 20, phases=[("expsum", 1, 1)],
+                source="triton_kernels.logits:chain_row_partials_kernel",
+                triton=dict(types=types, constexprs=dict(const, PART_BLOCK=SPLIT_PART_BLOCK), num_warps=4),
+                measure=common["measure"], then=radix, **split)
 
 
 def all_cases():
@@ -959,7 +995,7 @@ def predict(case, res):
             row.update(phases=phase_rows)
     else:
         row.update(loop_instructions=None, loop_cold=None, loads_per_trip_bytes=None, instr_per_elem=None, trips=None)
-    predicted = LAUNCH_S + max(t_mem, t_issue, t_lat)
+    predicted = case.launches * LAUNCH_S + max(t_mem, t_issue, t_lat)
     bound = max((t_mem, "memory"), (t_issue, "issue"), (t_lat, "latency"))[1]
     row.update(t_mem_us=t_mem * 1e6, t_issue_us=t_issue * 1e6, t_lat_us=t_lat * 1e6, predicted_us=predicted * 1e6,
                bound=bound, pct_peak=100 * case.min_bytes / BANDWIDTH / predicted)
@@ -967,8 +1003,11 @@ def predict(case, res):
 
 
 def combine_kernels(case, first, second):
-    """The row of an op launching two kernels: the first kernel's resources, both kernels' bytes and time."""
+    """The row of an op launching two kernels: the first kernel's resources, both kernels' bytes and time
+    (several: `first` is the row so far, `then` the list of the later kernels' rows past the second)."""
     row = dict(first)
+    if "then" in first:
+        row["then_more"] = first.get("then_more", []) + [first["then"]]
     row["bytes_mb"] = first["bytes_mb"] + second["bytes_mb"]
     row["bytes_vs_min"] = row["bytes_mb"] * 1e6 / case.min_bytes
     row["predicted_us"] = first["predicted_us"] + second["predicted_us"]
@@ -1257,11 +1296,13 @@ def compile_and_predict(cases, archs, nvcc, cuobjdump):
                     if res["spills"]:
                         spill_notes.append(f"{case.source} sm_90 ({case.name}): {res['spills']} B local")
                 rows[case.name] = dict(predict(case, res), backend=case.backend, shape=case.shape)
-                if case.then is not None:
-                    res2 = compile_triton(cuobjdump, case.then, workdir)
+                follow = case.then
+                while follow is not None:
+                    res2 = compile_triton(cuobjdump, follow, workdir)
                     if res2["spills"]:
-                        spill_notes.append(f"{case.then.source} sm_90 ({case.name}): {res2['spills']} B local")
-                    rows[case.name] = combine_kernels(case, rows[case.name], predict(case.then, res2))
+                        spill_notes.append(f"{follow.source} sm_90 ({case.name}): {res2['spills']} B local")
+                    rows[case.name] = combine_kernels(case, rows[case.name], predict(follow, res2))
+                    follow = follow.then
             except Exception as e:  # noqa: BLE001 - reported, exit 1
                 errors.append(f"{case.name}: {str(e)[-600:]}")
     return rows, spill_notes, errors

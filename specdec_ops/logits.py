@@ -529,6 +529,12 @@ def _block(vocab):
     return min(next_pow2(vocab), 4096 if triton_interpreting() else 1024)
 
 
+def _radix_block(vocab):
+    """Tile of the radix histograms: [tile, 16] one-hot accumulators per thread (compiled: 256 entries over 4
+    warps, 64 accumulators a thread)."""
+    return min(next_pow2(vocab), 4096 if triton_interpreting() else 256)
+
+
 def _param_ptrs(ref, params):
     """Kernel pointers of the sampling parameters (ref where absent) and their HAS_* flags."""
     return [ref if t is None else t.contiguous() for t in params], {
@@ -545,12 +551,13 @@ def _triton_process(logits, temperature, top_k, top_p, min_p):
     vocab = x.shape[-1]
     rows = x.numel() // vocab
     ptrs, flags = _param_ptrs(x, (temperature, top_k, top_p, min_p))
-    process_logits_kernel[(rows,)](x, *ptrs, probs, rows, rows // x.shape[0], vocab, **flags, BLOCK=_block(vocab))
+    process_logits_kernel[(rows,)](x, *ptrs, probs, rows, rows // x.shape[0], vocab, **flags, BLOCK=_block(vocab),
+                                   RADIX_BLOCK=_radix_block(vocab))
     return probs
 
 
-# Chain verification without filters splits each row into chunks of this many entries (a multiple of the
-# tile): fixed here rather than sized from the GPU, so that the sums round the same on every device.
+# Chain verification splits each row into chunks of this many entries (a multiple of the tile): fixed here
+# rather than sized from the GPU, so that the sums round the same on every device.
 SPLIT_CHUNK = 8192
 
 
@@ -561,12 +568,74 @@ def _partials_block(chunk):
     return min(chunk & -chunk, 4096)
 
 
+def _launch_filters(target, lengths, ptrs, flags, part_max, rows, chunks, chunk, block, radix_block, common):
+    """The thresholds of the split rows (top-k, top-p, min-p): 8 chain_radix_pass_kernel launches per select
+    present, then chain_kept_mass_kernel. Returns (tau [rows] int64, part_kept [rows, chunks] float32)."""
+    from .triton_kernels.logits import chain_kept_mass_kernel, chain_radix_pass_kernel
+
+    new = target.new_empty
+    hist = new((2, rows, chunks, 16), dtype=torch.float32)
+    prefix = new((2, rows), dtype=torch.int64)
+    acc = new((2, rows), dtype=torch.float32)
+    goal = new((rows,), dtype=torch.float32)
+    floor = new((rows,), dtype=torch.int64)
+    tau = new((rows,), dtype=torch.int64)
+    part_kept = new((rows, chunks), dtype=torch.float32)
+    workspaces = (hist, prefix, acc, goal, floor)
+    step = 0
+    for by_mass, present in ((False, flags["HAS_K"]), (True, flags["HAS_P"])):
+        for passed in range(8 if present else 0):
+            chain_radix_pass_kernel[(rows, chunks)](target, lengths, *ptrs, part_max, *workspaces, step, passed,
+                                                    **common, BY_MASS=by_mass, BLOCK=radix_block)
+            step += 1
+    chain_kept_mass_kernel[(rows, chunks)](target, lengths, *ptrs, part_max, *workspaces, tau, part_kept, step,
+                                           **common, BLOCK=block)
+    return tau, part_kept
+
+
+def _split_rows(target, lengths, params, rows, max_draft, num_draft_rows, bonus_rows, packed, has_bonus, tree,
+                chunk=None, block=None, radix_block=None):
+    """Every row's statistics over vocabulary chunks: chain_row_partials_kernel, and with filter tensors the
+    thresholds (_launch_filters). Rows are b x (max_draft + 1) + k (TREE: node k of request b, `lengths` the
+    node counts). Returns (kernel pointers and sizes for the walk: a dict)."""
+    from .triton_kernels.logits import chain_row_partials_kernel
+
+    vocab = target.shape[-1]
+    ptrs, flags = _param_ptrs(target, params)
+    block = block or _block(vocab)
+    radix_block = radix_block or min(block, _radix_block(vocab))
+    # a row shorter than SPLIT_CHUNK is one chunk of its power-of-two size (a multiple of block): the
+    # programs do not sweep 8192 masked entries of a 16-entry row
+    chunk = chunk or max(block, min(SPLIT_CHUNK, next_pow2(vocab)))
+    if chunk % block or block % 4 or chunk % radix_block:
+        raise ValueError(f"chunk ({chunk}) must be a multiple of block ({block}) and of radix_block ({radix_block}), "
+                         "block of 4")
+    chunks = -(-vocab // chunk)
+    part_max = target.new_empty((rows, chunks), dtype=torch.float32)
+    part_arg = target.new_empty((rows, chunks), dtype=torch.int64)
+    part_sum = target.new_empty((rows, chunks), dtype=torch.float32)
+    common = dict(PACKED=packed, HAS_T=flags["HAS_T"], HAS_BONUS=has_bonus, TREE=tree, CHUNKS=chunks, CHUNK=chunk)
+    chain_row_partials_kernel[(rows, chunks)](
+        target, lengths, ptrs[0], part_max, part_arg, part_sum, vocab, max_draft, num_draft_rows, int(bonus_rows),
+        PART_BLOCK=_partials_block(chunk), **common)
+    has_filters = any(p is not None for p in params[1:])
+    tau, part_kept = part_max, part_sum  # any valid pointers without filters
+    if has_filters:
+        tau, part_kept = _launch_filters(
+            target, lengths, ptrs, flags, part_max, rows, chunks, chunk, block, radix_block,
+            dict(vocab=vocab, max_draft=max_draft, num_draft_rows=num_draft_rows, bonus_rows=int(bonus_rows),
+                 CHUNKS_P2=next_pow2(chunks), HAS_K=flags["HAS_K"], HAS_P=flags["HAS_P"],
+                 HAS_MIN_P=flags["HAS_MIN_P"], **common))
+    return dict(ptrs=ptrs, flags=flags, block=block, chunk=chunk, chunks=chunks, has_filters=has_filters,
+                stats=(part_max, part_arg, part_sum, tau, part_kept))
+
+
 def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
-                  batch, max_draft, packed, bonus_rows, bonus_token_ids, rates, chunk=None, block=None):
-    """The Triton chain kernels: without filter tensors (top_k, top_p, min_p all None) the split pair
-    (chain_row_partials_kernel, then chain_walk_race_kernel over chunks of `chunk` entries, tiles of
-    `block`); with any filter the one-program-per-request kernel."""
-    from .triton_kernels.logits import chain_row_partials_kernel, chain_walk_race_kernel, rejection_sample_logits_kernel
+                  batch, max_draft, packed, bonus_rows, bonus_token_ids, rates, chunk=None, block=None,
+                  radix_block=None):
+    """The Triton chain kernels, every row split over chunks of `chunk` entries (tiles of `block`; the radix
+    histograms' of `radix_block`): _split_rows, then chain_walk_race_kernel."""
+    from .triton_kernels.logits import chain_walk_race_kernel
 
     token_ids = target_logits.new_empty((batch, max_draft + 1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((batch,), dtype=torch.int32)
@@ -576,46 +645,23 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     target = target_logits.contiguous()
     ids = draft_token_ids.contiguous().to(torch.int64)
     vocab = target.shape[-1]
-    ptrs, flags = _param_ptrs(target, params)
     bonus = ids if bonus_token_ids is None else bonus_token_ids.contiguous().to(torch.int64)
     lengths = lengths.contiguous().to(torch.int64)
-    if all(p is None for p in params[1:]):
-        block = block or _block(vocab)
-        # a row shorter than SPLIT_CHUNK is one chunk of its power-of-two size (a multiple of block): the
-        # programs do not sweep 8192 masked entries of a 16-entry row
-        chunk = chunk or max(block, min(SPLIT_CHUNK, next_pow2(vocab)))
-        if chunk % block or block % 4:
-            raise ValueError(f"chunk ({chunk}) must be a multiple of block ({block}), block of 4")
-        chunks = -(-vocab // chunk)
-        rows = batch * (max_draft + 1)
-        part_max = target.new_empty((rows, chunks), dtype=torch.float32)
-        part_arg = target.new_empty((rows, chunks), dtype=torch.int64)
-        part_sum = target.new_empty((rows, chunks), dtype=torch.float32)
-        race_score = target.new_empty((batch, chunks), dtype=torch.float32)
-        race_index = target.new_empty((batch, chunks), dtype=torch.int64)
-        tickets = torch.zeros((batch,), dtype=torch.int32, device=target.device)
-        common = dict(PACKED=packed, HAS_T=flags["HAS_T"], HAS_BONUS=bonus_token_ids is not None, CHUNKS=chunks,
-                      CHUNK=chunk)
-        chain_row_partials_kernel[(rows, chunks)](
-            target, lengths, ptrs[0], part_max, part_arg, part_sum, vocab, max_draft, ids.numel(), int(bonus_rows),
-            PART_BLOCK=_partials_block(chunk), **common)
-        chain_walk_race_kernel[(batch, chunks)](
-            target, target if draft_probs is None else draft_probs.contiguous(), ids, lengths, seeds.contiguous(),
-            offsets.contiguous(), ptrs[0], part_max, part_arg, part_sum, race_score, race_index, tickets, token_ids,
-            num_accepted, logprobs if return_logprobs else target, bonus,
-            target if rates is None else rates.contiguous(), vocab, max_draft, ids.numel(), int(bonus_rows),
-            HAS_DRAFT_PROBS=draft_probs is not None, HAS_RATES=rates is not None, LOGPROBS=bool(return_logprobs),
-            CHUNKS_P2=next_pow2(chunks),
-            BLOCK_K=next_pow2(max_draft + 1), BLOCK=block, **common)
-        return token_ids, num_accepted, logprobs
-    rejection_sample_logits_kernel[(batch,)](
-        target, target if draft_probs is None else draft_probs.contiguous(), ids,
-        lengths, seeds.contiguous(), offsets.contiguous(), *ptrs, token_ids,
-        num_accepted, logprobs if return_logprobs else target, bonus, target if rates is None else rates.contiguous(),
-        vocab, max_draft, ids.numel(), int(bonus_rows),
-        PACKED=packed, HAS_DRAFT_PROBS=draft_probs is not None, **flags, LOGPROBS=bool(return_logprobs),
-        HAS_BONUS=bonus_token_ids is not None, HAS_RATES=rates is not None,
-        BLOCK_K=next_pow2(max_draft + 1), BLOCK=_block(vocab))
+    split = _split_rows(target, lengths, params, batch * (max_draft + 1), max_draft, ids.numel(), bonus_rows, packed,
+                        bonus_token_ids is not None, False, chunk, block, radix_block)
+    chunks = split["chunks"]
+    race_score = target.new_empty((batch, chunks), dtype=torch.float32)
+    race_index = target.new_empty((batch, chunks), dtype=torch.int64)
+    tickets = torch.zeros((batch,), dtype=torch.int32, device=target.device)
+    chain_walk_race_kernel[(batch, chunks)](
+        target, target if draft_probs is None else draft_probs.contiguous(), ids, lengths, seeds.contiguous(),
+        offsets.contiguous(), split["ptrs"][0], *split["stats"], race_score, race_index, tickets,
+        token_ids, num_accepted, logprobs if return_logprobs else target, bonus,
+        target if rates is None else rates.contiguous(), vocab, max_draft, ids.numel(), int(bonus_rows),
+        PACKED=packed, HAS_T=split["flags"]["HAS_T"], HAS_BONUS=bonus_token_ids is not None,
+        HAS_DRAFT_PROBS=draft_probs is not None, HAS_RATES=rates is not None, LOGPROBS=bool(return_logprobs),
+        HAS_FILTERS=split["has_filters"], CHUNKS=chunks, CHUNKS_P2=next_pow2(chunks), CHUNK=split["chunk"],
+        BLOCK_K=next_pow2(max_draft + 1), BLOCK=split["block"])
     return token_ids, num_accepted, logprobs
 
 
@@ -642,7 +688,10 @@ def _triton_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_pr
 
 
 def _triton_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature, top_k, top_p, min_p,
-                 seeds, offsets, return_logprobs):
+                 seeds, offsets, return_logprobs, chunk=None, block=None, radix_block=None):
+    """One program per request walks its tree; with filter tensors every node's row statistics come first from
+    the split kernels (_split_rows over the B x N rows: the radix passes of all rows in parallel), which the
+    walk combines when it enters a node (SPLIT) instead of reading the row pass after pass."""
     from .triton_kernels.logits import tree_rejection_sample_logits_kernel
 
     batch, nodes, vocab = target_logits.shape
@@ -653,15 +702,24 @@ def _triton_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs,
     if batch == 0:
         return token_ids, accepted_path, num_accepted, logprobs
     target = target_logits.contiguous()
-    ptrs, flags = _param_ptrs(target, (temperature, top_k, top_p, min_p))
+    params = (temperature, top_k, top_p, min_p)
+    ptrs, flags = _param_ptrs(target, params)
     tokens = tree_token_ids.contiguous().to(torch.int64)
+    counts = (torch.full((batch,), nodes, dtype=torch.int64, device=target.device) if num_nodes is None
+              else num_nodes.contiguous().to(torch.int64))
+    split = any(p is not None for p in params[1:])
+    stats, chunks = (target,) * 5, 1
+    if split:
+        rows = _split_rows(target, counts, params, batch * nodes, nodes - 1, 0, 0, False, False, True, chunk, block,
+                           radix_block)
+        stats, chunks, block = rows["stats"], rows["chunks"], rows["block"]
     tree_rejection_sample_logits_kernel[(batch,)](
         target, target if draft_probs is None else draft_probs.contiguous(), tokens,
-        parents.contiguous().to(torch.int64), tokens if num_nodes is None else num_nodes.contiguous().to(torch.int64),
-        seeds.contiguous(), offsets.contiguous(), *ptrs, token_ids, accepted_path, num_accepted,
-        logprobs if return_logprobs else target, vocab, nodes,
+        parents.contiguous().to(torch.int64), counts, seeds.contiguous(), offsets.contiguous(), *ptrs, token_ids,
+        accepted_path, num_accepted, logprobs if return_logprobs else target, *stats, vocab, nodes,
         HAS_NUM_NODES=num_nodes is not None, HAS_DRAFT_PROBS=draft_probs is not None, **flags,
-        LOGPROBS=bool(return_logprobs), BLOCK_N=next_pow2(nodes), BLOCK=_block(vocab))
+        LOGPROBS=bool(return_logprobs), BLOCK_N=next_pow2(nodes), BLOCK=block or _block(vocab),
+        RADIX_BLOCK=radix_block or _radix_block(vocab), SPLIT=split, CHUNKS=chunks, CHUNKS_P2=next_pow2(chunks))
     return token_ids, accepted_path, num_accepted, logprobs
 
 

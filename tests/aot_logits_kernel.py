@@ -4,8 +4,11 @@ test_logits.py::test_triton_kernels_compile_for_sm90_without_a_gpu in a subproce
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specdec_ops.triton_kernels.logits import (chain_row_partials_kernel, chain_walk_race_kernel, process_logits_kernel,
-                                              rejection_sample_logits_kernel, tree_rejection_sample_logits_kernel)
+from specdec_ops.triton_kernels.logits import (chain_kept_mass_kernel, chain_radix_pass_kernel,
+                                              chain_row_partials_kernel, chain_walk_race_kernel,
+                                              process_logits_kernel, tree_rejection_sample_logits_kernel)
+
+from aot_common import check, compile_kernel
 
 target = GPUTarget("cuda", 90, 32)
 
@@ -22,38 +25,41 @@ params = dict(temperature_ptr="*fp32", top_k_ptr="*i64", top_p_ptr="*fp32", min_
 flags = [dict(HAS_T=True, HAS_K=True, HAS_P=True, HAS_MIN_P=True), dict(HAS_T=False, HAS_K=False, HAS_P=False,
                                                                          HAS_MIN_P=False)]
 compile_all(process_logits_kernel, dict(logits_ptr="*bf16", probs_ptr="*fp32", rows="i32", inner="i32", vocab="i32",
-                                        **params), [dict(f, vocab=128256, BLOCK=1024) for f in flags])
-compile_all(rejection_sample_logits_kernel,
-            dict(logits_ptr="*bf16", draft_probs_ptr="*fp32", draft_ids_ptr="*i64", lengths_ptr="*i64",
-                 seeds_ptr="*i64", offsets_ptr="*i64", token_ids_ptr="*i64", num_accepted_ptr="*i32",
-                 logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32", vocab="i32", max_draft="i32",
-                 num_draft_rows="i32", bonus_rows="i32", **params),
-            # the engine keywords (issue #14: external bonus tokens, synthetic rates) on with draft probs and
-            # logprobs, off in the other variants (no more variants than without them: the compile time budget)
-            [dict(flags[0], PACKED=packed, HAS_DRAFT_PROBS=has_q, LOGPROBS=lp, HAS_BONUS=has_q and lp,
-                  HAS_RATES=has_q and lp, BLOCK_K=8, vocab=128256, BLOCK=1024)
-             for packed in (False, True) for has_q in (False, True) for lp in (False, True)]
-            + [dict(flags[1], PACKED=False, HAS_DRAFT_PROBS=False, LOGPROBS=False, HAS_BONUS=False, HAS_RATES=False,
-                    BLOCK_K=8, vocab=49152, BLOCK=1024)])
+                                        **params), [dict(f, vocab=128256, BLOCK=1024, RADIX_BLOCK=256) for f in flags])
 compile_all(tree_rejection_sample_logits_kernel,
             dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", tokens_ptr="*i64", parents_ptr="*i64",
                  num_nodes_ptr="*i64", seeds_ptr="*i64", offsets_ptr="*i64", token_ids_ptr="*i64",
                  accepted_path_ptr="*i32", num_accepted_ptr="*i32", logprobs_ptr="*fp32", vocab="i32", nodes="i32",
-                 **params),
-            [dict(flags[0], HAS_NUM_NODES=True, HAS_DRAFT_PROBS=has_q, LOGPROBS=True, BLOCK_N=64, vocab=128256, BLOCK=1024)
-             for has_q in (False, True)]
+                 part_max_ptr="*fp32", part_arg_ptr="*i64", part_sum_ptr="*fp32", tau_ptr="*i64",
+                 part_kept_ptr="*fp32", **params),
+            # with filter tensors the launcher runs the split statistics first (SPLIT); the one-pass variant
+            # stays compiled for filters too (its row_stats: the radix select in one program)
+            [dict(flags[0], HAS_NUM_NODES=True, HAS_DRAFT_PROBS=has_q, LOGPROBS=True, BLOCK_N=64, vocab=128256,
+                  BLOCK=1024, RADIX_BLOCK=256, SPLIT=split, CHUNKS=16, CHUNKS_P2=16)
+             for has_q, split in ((False, True), (True, True), (True, False))]
             + [dict(flags[1], HAS_NUM_NODES=False, HAS_DRAFT_PROBS=False, LOGPROBS=False, BLOCK_N=16, vocab=49152,
-                    BLOCK=1024)])
-# the split chain pair (no filter tensors), at the launcher's sizes for V = 128256: chunks of 8192, 16 chunks
+                    BLOCK=1024, RADIX_BLOCK=256, SPLIT=False, CHUNKS=1, CHUNKS_P2=1)])
+# the split chain kernels at the launcher's sizes for V = 128256: chunks of 8192, 16 chunks
 split = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", draft_ids_ptr="*i64", lengths_ptr="*i64",
              seeds_ptr="*i64", offsets_ptr="*i64", temperature_ptr="*fp32", part_max_ptr="*fp32", part_arg_ptr="*i64",
              part_sum_ptr="*fp32", race_score_ptr="*fp32", race_index_ptr="*i64", tickets_ptr="*i32",
              token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32",
-             max_draft="i32", num_draft_rows="i32", bonus_rows="i32")
+             max_draft="i32", num_draft_rows="i32", bonus_rows="i32", tau_ptr="*i64", part_kept_ptr="*fp32",
+             top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32", hist_ptr="*fp32",
+             prefix_ptr="*i64", acc_ptr="*fp32", goal_ptr="*fp32", floor_ptr="*i64", step="i32", passed="i32")
 compile_all(chain_row_partials_kernel, split,
-            [dict(PACKED=packed, HAS_T=has_t, HAS_BONUS=False, CHUNKS=16, CHUNK=8192, PART_BLOCK=4096, vocab=128256)
-             for packed, has_t in ((False, False), (True, True))])
+            [dict(PACKED=packed, HAS_T=has_t, HAS_BONUS=False, TREE=tree, CHUNKS=16, CHUNK=8192, PART_BLOCK=4096,
+                  vocab=128256)
+             for packed, has_t, tree in ((False, False, False), (True, True, False), (False, True, True))])
 compile_all(chain_walk_race_kernel, split,
             [dict(PACKED=False, HAS_DRAFT_PROBS=True, HAS_T=True, LOGPROBS=True, HAS_BONUS=False, HAS_RATES=False,
-                  CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, BLOCK_K=8, BLOCK=1024, vocab=128256)])
+                  HAS_FILTERS=filters, CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, BLOCK_K=8, BLOCK=1024, vocab=128256)
+             for filters in (False, True)])
+# with filters: the radix passes (both selects) and the kept mass, 4 warps as launched, no spills
+filtered = dict(PACKED=False, HAS_T=True, HAS_K=True, HAS_P=True, HAS_MIN_P=True, HAS_BONUS=False, TREE=False,
+                CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, vocab=128256)
+for by_mass in (False, True):
+    check(compile_kernel(chain_radix_pass_kernel, split, dict(filtered, BY_MASS=by_mass, BLOCK=256), num_warps=4),
+          f"chain_radix_pass_kernel BY_MASS={by_mass}")
+check(compile_kernel(chain_kept_mass_kernel, split, dict(filtered, BLOCK=1024), num_warps=4), "chain_kept_mass_kernel")
 print("compiled")

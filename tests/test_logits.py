@@ -1293,7 +1293,7 @@ def test_triton_chunk_partials_against_float64(has_t):
     part_sum = torch.full((batch * (k + 1), chunks), 7.0)
     chain_row_partials_kernel[(batch * (k + 1), chunks)](
         x, num, temperature, part_max, part_arg, part_sum, vocab, k, batch * k, 1,
-        PACKED=False, HAS_T=has_t, HAS_BONUS=False, CHUNKS=chunks, CHUNK=chunk, PART_BLOCK=block)
+        PACKED=False, HAS_T=has_t, HAS_BONUS=False, TREE=False, CHUNKS=chunks, CHUNK=chunk, PART_BLOCK=block)
     flat = x.reshape(batch * (k + 1), vocab).double()
     flat = torch.where(flat.isnan(), float("-inf"), flat).clamp(max=torch.finfo(torch.float32).max)
     for j in range(batch * (k + 1)):
@@ -1350,8 +1350,8 @@ def test_triton_split_chain_packed_bonus_ids_and_rates_equal_the_cpu_op():
 
 @pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
 def test_triton_split_chain_race_winner_in_every_chunk():
-    """Which chunk holds the race's winner varies with the seed; the combined winner must be the one-program
-    race's for each (a combine that misses a chunk fails)."""
+    """Which chunk holds the race's winner varies with the seed; the combined winner must be the race's over the
+    whole row (the C++ op's) for each (a combine that misses a chunk fails)."""
     from specdec_ops.logits import _launch_chain
 
     batch, vocab = 32, 130
@@ -1368,3 +1368,145 @@ def test_triton_split_chain_race_winner_in_every_chunk():
                               block=16)
     assert torch.equal(ids, ref.token_ids)
     assert len(set((ref.token_ids[:, 0] // 16).tolist())) >= 6  # winners spread over the chunks
+
+
+# ------------------------------------------------------------------------------- Triton chain split (filters)
+
+
+def _filter_case(batch=6, k=3, vocab=203, seed=21):
+    """Requests of every filter shape (mixed_params: greedy; top-p + min-p; top-k + top-p + min-p; top-p alone;
+    top-k + min-p with top-p off by value; the three with top-k a third of the vocabulary), several chunks
+    a row, ties across chunks at a top-k boundary (request 2's row 0: eight equal logits in four chunks, top-k
+    5 cuts through them: all eight are kept), and a top-p kept set spread over every chunk (request 3's row 1:
+    flat logits)."""
+    args = make_batch(batch, k, vocab, seed=seed)
+    logits = args["target_logits"]
+    logits[2, 0, [10, 60, 70, 120, 130, 190, 195, 200]] = 9.0
+    logits[3, 1] = torch.linspace(0.0, 0.5, vocab)[torch.randperm(vocab, generator=torch.Generator().manual_seed(1))]
+    return args
+
+
+def _split_call(args, chunk=64, block=16, radix_block=16, return_logprobs=True, **over):
+    """_launch_chain on padded args with small chunks and tiles; `over` replaces sampling parameters (None: absent)."""
+    from specdec_ops.logits import _launch_chain
+
+    a = dict(args, **over)
+    ids, accepted, lps = _launch_chain(
+        a["target_logits"], a["draft_token_ids"], a["num_draft_tokens"], a["draft_probs"],
+        tuple(a[n] for n in PARAMS), a["seeds"], a["offsets"], return_logprobs, a["draft_token_ids"].shape[0],
+        a["draft_token_ids"].shape[1], packed=False, bonus_rows=True, bonus_token_ids=None, rates=None, chunk=chunk,
+        block=block, radix_block=radix_block)
+    return ids, accepted, lps
+
+
+def _cpu(args, **over):
+    return call(dict(args, **over), "cpu")
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+@pytest.mark.parametrize("present", ["top_k", "top_p", "min_p", "top_k,top_p", "top_k,min_p", "top_k,top_p,min_p"])
+def test_triton_split_filters_equal_the_cpu_op(present):
+    """The split rows with filters (8 radix launches per select present, the kept mass, the walk) against the C++
+    op, for each set of filter tensors present (each launches another sequence of passes: top-k's last pick
+    read after top-p's passes, top-p's floor from top-k), rows of 4 chunks of 64: tokens and counts exactly,
+    log-probabilities within 1e-5."""
+    args = _filter_case()
+    over = {n: None for n in ("top_k", "top_p", "min_p") if n not in present.split(",")}
+    ref = _cpu(args, **over)
+    ids, accepted, lps = _split_call(args, **over)
+    assert torch.equal(ids, ref.token_ids), (ids, ref.token_ids)
+    assert torch.equal(accepted, ref.num_accepted)
+    torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+def test_triton_split_filters_one_hot_and_chunk_sizes():
+    """One-hot drafts, other random numbers (offsets), a chunk of one radix tile and a row in one chunk."""
+    args = _filter_case(seed=23)
+    args["draft_probs"] = None
+    args["offsets"] = args["offsets"] + 5
+    ref = _cpu(args)
+    for chunk, block, radix_block in ((16, 16, 16), (256, 64, 32)):
+        ids, accepted, lps = _split_call(args, chunk=chunk, block=block, radix_block=radix_block)
+        assert torch.equal(ids, ref.token_ids) and torch.equal(accepted, ref.num_accepted), (chunk, ids, ref.token_ids)
+        torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+def test_triton_split_filters_keep_exactly_the_processed_support():
+    """Every emitted token lies in the processed target's support (the brute-force definition): bonus rows of
+    flat and peaked logits with every filter, 4 chunks; a threshold one key too high or too low (a pick that
+    reads the wrong slot or floor) emits tokens outside it or the wrong ones across the seeds."""
+    g = torch.Generator().manual_seed(3)
+    batch, vocab = 24, 203
+    scale = torch.tensor([0.3, 3.0])[torch.arange(batch) % 2][:, None, None]  # flat and peaked rows
+    logits = torch.randn(batch, 1, vocab, generator=g) * scale
+    params = dict(temperature=torch.full((batch,), 0.9), top_k=torch.tensor([0, 7, 60, 0] * 6),
+                  top_p=torch.tensor([0.5, 1.0, 0.7, 0.95] * 6), min_p=torch.tensor([0.0, 0.0, 0.05, 0.2] * 6))
+    args = dict(target_logits=logits, draft_token_ids=torch.zeros(batch, 0, dtype=torch.int64),
+                num_draft_tokens=torch.zeros(batch, dtype=torch.int64), draft_probs=None,
+                seeds=torch.arange(batch, dtype=torch.int64), offsets=torch.zeros(batch, dtype=torch.int64), **params)
+    ids, _, lps = _split_call(args)
+    ref = _cpu(args)
+    assert torch.equal(ids, ref.token_ids)
+    probs = brute_force(logits, *(params[n] for n in PARAMS))
+    for b in range(batch):
+        token = int(ids[b, 0])
+        assert probs[b, 0, token] > 0, (b, token)
+        assert abs(float(lps[b, 0]) - math.log(probs[b, 0, token])) < 1e-4, b
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+def test_triton_split_filters_packed_bonus_ids_and_rates():
+    """Packed rows without bonus rows (external bonus ids) and synthetic rates, with every filter, on 4 chunks."""
+    from specdec_ops.logits import _launch_chain
+
+    args = _filter_case(seed=29)
+    packed = to_packed(args)
+    batch, k = args["draft_token_ids"].shape
+    bonus = torch.arange(batch, dtype=torch.int64) * 5 + 1
+    rows = torch.cat([args["target_logits"][b, : int(args["num_draft_tokens"][b])] for b in range(batch)])
+    params = tuple(args[n] for n in PARAMS)
+    ref = specdec_ops.rejection_sample_logits_packed(
+        rows, packed["cu_num_draft_tokens"], packed["draft_token_ids"], packed["draft_probs"],
+        **dict(zip(PARAMS, params)),
+        seeds=args["seeds"], offsets=args["offsets"], return_logprobs=True, max_num_draft_tokens=k,
+        bonus_token_ids=bonus, backend="cpu")
+    ids, accepted, lps = _launch_chain(rows, packed["draft_token_ids"], packed["cu_num_draft_tokens"],
+                                       packed["draft_probs"], params, args["seeds"], args["offsets"], True, batch, k,
+                                       packed=True, bonus_rows=False, bonus_token_ids=bonus, rates=None, chunk=64,
+                                       block=16, radix_block=16)
+    assert torch.equal(ids, ref.token_ids) and torch.equal(accepted, ref.num_accepted)
+    torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)
+    rates = torch.tensor([0.9, 0.4, 0.6])
+    ref = specdec_ops.rejection_sample_logits(args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"],
+                                              **dict(zip(PARAMS, params)), seeds=args["seeds"],
+                                              offsets=args["offsets"], synthetic_acceptance_rates=rates, backend="cpu")
+    ids, accepted, _ = _launch_chain(args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"], None,
+                                     params, args["seeds"], args["offsets"], False, batch, k, packed=False,
+                                     bonus_rows=True, bonus_token_ids=None, rates=rates, chunk=64, block=16,
+                                     radix_block=16)
+    assert torch.equal(ids, ref.token_ids) and torch.equal(accepted, ref.num_accepted)
+
+
+@pytest.mark.skipif("tree_rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+@pytest.mark.parametrize("draft_probs", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["draft_probs", "one_hot"])
+def test_triton_tree_split_filters_equal_the_cpu_op(draft_probs):
+    """Trees with filter tensors: every node's row statistics from the split kernels (4 chunks of 64 a row, all
+    filters mixed per request, ragged node counts), combined by the walk where it enters a node, against the
+    C++ op: tokens and paths exactly, log-probabilities within 1e-5."""
+    from specdec_ops.logits import _triton_tree
+
+    args = random_tree(6, 6, 203, draft_probs=draft_probs, seed=41)
+    ref = call_tree(args, "cpu")
+    ids, path, accepted, lps = _triton_tree(
+        args["target_logits"], args["tree_token_ids"], args["parents"], args["num_nodes"], args["draft_probs"],
+        *(args[n] for n in PARAMS), args["seeds"], args["offsets"], True, chunk=64, block=16, radix_block=16)
+    assert torch.equal(ids, ref.token_ids), (ids, ref.token_ids)
+    assert torch.equal(path, ref.accepted_path) and torch.equal(accepted, ref.num_accepted)
+    assert int(accepted.sum()) > 0
+    torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)

@@ -157,12 +157,20 @@ def test_logits_cases_count_every_pass_over_the_rows():
     assert split.passes == 1 and split.items == 64 * rows and split.then is not None and split.then.passes == 1
     assert split.then.bytes_moved >= 64 * row
     # top-p: CUDA 4 radix passes of 8 bits over the shared-memory share (still each row once from HBM);
-    # Triton the kept mass and 8 radix passes of 4 bits
+    # Triton the split kernels with 8 radix launches (each row read once more per pass), the kept mass (once
+    # more), then the race
     assert cases["logits_cuda_onehot_topp"].passes == 7 * rows + 1
     assert hbm(cases["logits_cuda_onehot_topp"]) == rows
     assert [p[0] for p in cases["logits_cuda_onehot_topp"].phases if p[3:] == ("smem",)] == \
         ["max", "radix", "expsum", "race"]
-    assert cases["logits_triton_draft_topp"].passes == 11 * rows + 1
+    chain, kernel = [], cases["logits_triton_draft_topp"]
+    while kernel is not None:
+        chain.append(kernel)
+        kernel = kernel.then
+    assert [k.source.split(":")[1] for k in chain] == ["chain_row_partials_kernel", "chain_radix_pass_kernel",
+                                                        "chain_kept_mass_kernel", "chain_walk_race_kernel"]
+    assert [(k.passes, k.launches) for k in chain] == [(1, 1), (8, 8), (1, 1), (1, 1)]
+    assert chain[1].bytes_moved >= 8 * 64 * rows * row and chain[2].bytes_moved >= 64 * rows * row
 
 
 def committed_rows(prefix):
@@ -180,6 +188,13 @@ def test_roofline_rows_for_the_logits_kernels():
     split = rows.pop("logits_triton_onehot")  # two kernels: the fused max + exp-sum, then the race
     assert [p["loop"] for p in split["phases"]] == ["expsum"] and split["then"]["loop_instructions"] > 0
     assert split["predicted_us"] > split["then"]["predicted_us"] > 0 and 0 < split["pct_peak"] <= 100
+    # with top-p four kernels: the partials, the radix passes (8 launches), the kept mass, the race
+    filtered = rows.pop("logits_triton_onehot_topp")
+    later = filtered["then_more"] + [filtered["then"]]
+    assert [p["loop"] for p in filtered["phases"]] == ["expsum"] and len(later) == 3
+    assert all(k["loop_instructions"] > 0 and k["spills"] == 0 for k in later)
+    assert filtered["predicted_us"] > sum(k["predicted_us"] for k in later) > 0
+    assert later[0]["predicted_us"] >= 8 * roofline.LAUNCH_S * 1e6  # one launch per radix pass
     for name, row in rows.items():
         loops = [p["loop"] for p in row["phases"]]
         assert all(p["instructions"] > 0 and p["trips"] > 0 for p in row["phases"]), name

@@ -7,10 +7,11 @@ probability is then e / S with e = exp((x - max) / T) on the kept set {key >= ta
 Thresholds come from a radix select over the order-preserving keys of z = (x - max) / T,
 4 bits per pass (8 passes; a 16-bin count or mass histogram per tile as a one-hot
 reduction), never a sort. Rows without filters take two passes (max, then the sum of
-e). One program per request (process_logits: per row); chain verification walks its
-rows in order and stops at the first rejection. Chain verification without filter tensors
-splits each row over fixed vocabulary chunks instead (chain_row_partials_kernel, then
-chain_walk_race_kernel: see the section at the end of this file).
+e). process_logits runs one program per row, tree verification one per request (its walk
+enters a node's row when it reaches it). Chain verification splits each row over fixed
+vocabulary chunks (chain_row_partials_kernel, with filters one chain_radix_pass_kernel
+launch per radix pass and chain_kept_mass_kernel, then chain_walk_race_kernel: see the
+sections at the end of this file).
 """
 
 import triton
@@ -73,50 +74,83 @@ def row_max(row_ptr, vocab, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def radix_select(row_ptr, vocab, m, temperature, floor_key, goal, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
+def radix_histogram(row_ptr, lo, vocab, m, temperature, floor_key, prefix, shift, BY_MASS: tl.constexpr,
+                    LENGTH: tl.constexpr, TILE: tl.constexpr):
+    """The histogram [RADIX_BINS] of entries [lo, lo + LENGTH) of a row: per digit (key >> shift) & 15 the
+    number (BY_MASS: the sum of e = exp(z)) of the candidates, the entries with key >= floor_key whose digits
+    above `shift` equal prefix's (all candidates when shift = 28). Tiles of TILE entries add their one-hot
+    [TILE, 16] into per-thread accumulators (one reduction per tile: the skip test; the bins are reduced once
+    at the end: compiled, TILE = 256 over 4 warps is 2 x 16 x 2 accumulators a thread); a tile without a
+    candidate skips the one-hot (after a select's first passes few tiles hold one).
+
+    BY_MASS: no counts; the masses stand in for them (a bin is taken as non-empty when it holds mass). The
+    pick cannot tell: the highest bin reaching the target holds mass (a bin without mass has the sum from
+    the top of the non-empty bin above it, which then reaches too and is higher; with none above, the mass
+    above the prefix alone would reach the target, which the previous pick rules out, and with top_p = 0
+    the highest bin is the one of the row's maximum, of mass 1); only the fallback to the lowest non-empty
+    bin (no bin reaches: rounding) can pass over bins whose entries all have e = 0, and those entries have
+    probability 0 kept or not."""
+    bins = tl.arange(0, RADIX_BINS)[None, :]
+    acc = tl.zeros([TILE, RADIX_BINS], tl.float32)
+    for start in range(0, LENGTH, TILE):
+        # [TILE, 1] columns: the entries are in the accumulators' layout from the load on (no conversion)
+        idx = lo + start + tl.arange(0, TILE).to(tl.int64)[:, None]
+        inside = idx < vocab
+        z = scaled(load_row(row_ptr, idx, inside), m, temperature)
+        key = order_key(z)
+        match = inside & (key >= floor_key) & ((key >> (shift + RADIX_BITS)) == (prefix >> (shift + RADIX_BITS)))
+        if tl.max(tl.max(match.to(tl.int32), 1), 0) > 0:
+            digit = ((key >> shift) & (RADIX_BINS - 1)).to(tl.int32)
+            if BY_MASS:
+                weight = tl.where(match, tl.exp(z), 0.0)
+            else:
+                weight = match.to(tl.float32)
+            acc += tl.where(digit == bins, weight, 0.0)  # the match folded into the column: one select a bin
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def radix_pick(weight, prefix, remaining, above, shift, BY_MASS: tl.constexpr):
+    """One pass of the radix select (logits_math.h radix_pick_count / radix_pick_mass) from its histogram
+    `weight` (radix_histogram's: counts, or masses BY_MASS): the digit d of the threshold at `shift`, chosen
+    from the top (the highest bin whose candidates with the bins above reach the goal; else the lowest
+    non-empty bin; empty bins never win). By count `remaining` is the rank left inside the prefix, by mass
+    `above` the mass of the candidates above the prefix and `remaining` the target. Returns
+    (prefix | d << shift, remaining, above)."""
+    bins = tl.arange(0, RADIX_BINS).to(tl.int64)
+    # inclusive sums from the top: weight of the candidates in bins >= d
+    from_top = tl.sum(weight) - tl.cumsum(weight, 0) + weight
+    nonempty = weight > 0
+    reach = nonempty & ((above + from_top) >= remaining)
+    d = tl.max(tl.where(reach, bins, -1), 0)
+    lowest = tl.min(tl.where(nonempty, bins, RADIX_BINS), 0)
+    d = tl.where(d >= 0, d, tl.where(lowest < RADIX_BINS, lowest, 0))
+    skipped = tl.sum(tl.where(bins > d, weight, 0.0))
+    if BY_MASS:
+        above = above + skipped
+    else:
+        remaining = tl.maximum(remaining - skipped, 1.0)
+    return prefix | (d << shift), remaining, above
+
+
+@triton.jit
+def radix_select(row_ptr, vocab: tl.constexpr, m, temperature, floor_key, goal, BY_MASS: tl.constexpr,
+                 TILE: tl.constexpr):
     """Threshold key over the entries with key >= floor_key: by count, the key of the goal-th largest;
     by mass, the largest key v with sum_{key >= v} e >= goal (logits_math.h radix_pick_count /
-    radix_pick_mass, 4 bits per pass). Bins are chosen from the top; empty bins never win."""
-    bins = tl.arange(0, RADIX_BINS).to(tl.int64)
+    radix_pick_mass, 4 bits per pass)."""
     prefix = tl.full([], 0, tl.int64)
     remaining = goal  # by count: rank inside the current prefix; by mass: the target mass
     above = tl.full([], 0.0, tl.float32)
     for p in tl.static_range(RADIX_PASSES):
         shift = 32 - RADIX_BITS * (p + 1)
-        counts = tl.zeros([RADIX_BINS], tl.float32)
-        masses = tl.zeros([RADIX_BINS], tl.float32)
-        for start in range(0, vocab, BLOCK):
-            idx = start + tl.arange(0, BLOCK).to(tl.int64)
-            inside = idx < vocab
-            z = scaled(load_row(row_ptr, idx, inside), m, temperature)
-            key = order_key(z)
-            match = inside & (key >= floor_key) & ((key >> (shift + RADIX_BITS)) == (prefix >> (shift + RADIX_BITS)))
-            digit = (key >> shift) & (RADIX_BINS - 1)
-            onehot = match[:, None] & (digit[:, None] == bins[None, :])
-            counts += tl.sum(onehot.to(tl.float32), 0)
-            masses += tl.sum(tl.where(onehot, tl.exp(z)[:, None], 0.0), 0)
-        if BY_MASS:
-            weight = masses
-        else:
-            weight = counts
-        # inclusive sums from the top: weight of the candidates in bins >= d
-        from_top = tl.sum(weight) - tl.cumsum(weight, 0) + weight
-        reach = (counts > 0) & ((above + from_top) >= remaining)
-        nonempty = counts > 0
-        d = tl.max(tl.where(reach, bins, -1), 0)
-        lowest = tl.min(tl.where(nonempty, bins, RADIX_BINS), 0)
-        d = tl.where(d >= 0, d, tl.where(lowest < RADIX_BINS, lowest, 0))
-        skipped = tl.sum(tl.where(bins > d, weight, 0.0))
-        if BY_MASS:
-            above = above + skipped
-        else:
-            remaining = tl.maximum(remaining - skipped, 1.0)
-        prefix = prefix | (d << shift)
+        hist = radix_histogram(row_ptr, 0, vocab, m, temperature, floor_key, prefix, shift, BY_MASS, vocab, TILE)
+        prefix, remaining, above = radix_pick(hist, prefix, remaining, above, shift, BY_MASS)
     return prefix
 
 
 @triton.jit
-def row_stats(row_ptr, vocab, temperature, top_k, top_p, min_p, BLOCK: tl.constexpr):
+def row_stats(row_ptr, vocab, temperature, top_k, top_p, min_p, BLOCK: tl.constexpr, RADIX_BLOCK: tl.constexpr):
     """(m, argmax, tau, total) of a row (logits_math.h). Greedy (temperature 0) and rows without a
     finite logit stop after the max; total is then 0."""
     m, argmax = row_max(row_ptr, vocab, BLOCK)
@@ -125,7 +159,7 @@ def row_stats(row_ptr, vocab, temperature, top_k, top_p, min_p, BLOCK: tl.conste
     has_mass = m > float("-inf")
     if temperature > 0 and has_mass:
         if top_k > 0:
-            tau = radix_select(row_ptr, vocab, m, temperature, tau, top_k.to(tl.float32), False, BLOCK)
+            tau = radix_select(row_ptr, vocab, m, temperature, tau, top_k.to(tl.float32), False, RADIX_BLOCK)
         if top_p < 1.0:
             kept_mass = tl.full([], 0.0, tl.float32)
             for start in range(0, vocab, BLOCK):
@@ -134,7 +168,7 @@ def row_stats(row_ptr, vocab, temperature, top_k, top_p, min_p, BLOCK: tl.conste
                 z = scaled(load_row(row_ptr, idx, inside), m, temperature)
                 kept_mass += tl.sum(tl.where(inside & (order_key(z) >= tau), tl.exp(z), 0.0))
             tau = tl.maximum(tau, radix_select(row_ptr, vocab, m, temperature, tau,
-                                                top_p * kept_mass * (1.0 - TOP_P_SLACK), True, BLOCK))
+                                                top_p * kept_mass * (1.0 - TOP_P_SLACK), True, RADIX_BLOCK))
         if min_p > 0.0:
             tau = tl.maximum(tau, order_key(tl.log(min_p)))
         for start in range(0, vocab, BLOCK):
@@ -202,41 +236,15 @@ def race_masses(mass, inside):
     return tl.where(inside, prob_mass(mass), -1.0)
 
 
-@triton.jit
-def row_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, tau, total, seed, offset, position,
-             HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
-    """Exponential race over max(p - q, 0) when `residual` (p if that has no mass; q one-hot at
-    `draft` without HAS_Q), over p otherwise; p computed from the logits, never stored."""
-    purpose = tl.where(residual, PURPOSE_RESIDUAL, PURPOSE_BONUS)
-    best_p = tl.full([], -1.0, tl.float32)
-    best_p_index = tl.full([], 0, tl.int64)
-    best_r = tl.full([], -1.0, tl.float32)
-    best_r_index = tl.full([], 0, tl.int64)
-    for start in range(0, vocab, BLOCK):
-        idx = start + tl.arange(0, BLOCK).to(tl.int64)
-        inside = idx < vocab
-        mass = entry_prob(load_row(row_ptr, idx, inside), m, temperature, tau, total)
-        if HAS_Q:
-            q = tl.load(q_row_ptr + idx, mask=idx < tl.where(residual, vocab, 0), other=0.0).to(tl.float32)
-            q = tl.where(q > 0, q, 0.0)
-        else:
-            q = tl.where(idx == draft, 1.0, 0.0)
-        u = bits_to_uniform(philox_bits(seed, offset, position, purpose, idx))
-        diff = mass - q
-        best_p, best_p_index = race_tile_update(race_masses(mass, inside), u, idx, best_p, best_p_index, True)
-        best_r, best_r_index = race_tile_update(race_masses(diff, inside), u, idx, best_r, best_r_index, True)
-    return tl.where(residual & (best_r > 0), best_r_index, best_p_index)
-
-
 @triton.jit(do_not_specialize=["rows", "inner"])
 def process_logits_kernel(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, probs_ptr, rows, inner,
                           vocab: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
-                          HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr):
+                          HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr, RADIX_BLOCK: tl.constexpr):
     j = tl.program_id(0).to(tl.int64)
     t, k, p, mp = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, j // inner, vocab, HAS_T, HAS_K,
                                   HAS_P, HAS_MIN_P)
     row_ptr = logits_ptr + j * vocab
-    m, argmax, tau, total = row_stats(row_ptr, vocab, t, k, p, mp, BLOCK)
+    m, argmax, tau, total = row_stats(row_ptr, vocab, t, k, p, mp, BLOCK, RADIX_BLOCK)
     for start in range(0, vocab, BLOCK):
         idx = start + tl.arange(0, BLOCK).to(tl.int64)
         inside = idx < vocab
@@ -310,81 +318,6 @@ def chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED: tl
     return n, target_base, draft_base
 
 
-@triton.jit(do_not_specialize=["num_draft_rows"])
-def rejection_sample_logits_kernel(
-    logits_ptr,          # [rows, V] raw logits
-    draft_probs_ptr,     # [draft rows, V] (any valid pointer without HAS_DRAFT_PROBS)
-    draft_ids_ptr,       # int64 [draft rows]
-    lengths_ptr,         # int64: num_draft_tokens [B] (padded) or cu_num_draft_tokens [B+1] (packed)
-    seeds_ptr, offsets_ptr,
-    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-    token_ids_ptr,       # int64 out [B, K+1]
-    num_accepted_ptr,    # int32 out [B]
-    logprobs_ptr,        # float32 out [B, K+1] (any valid pointer without LOGPROBS)
-    bonus_ptr,           # int64 [B] external bonus tokens (any valid pointer without HAS_BONUS)
-    rates_ptr,           # float32 [R >= K] synthetic acceptance rates (any valid pointer without HAS_RATES)
-    vocab: tl.constexpr, max_draft, num_draft_rows,
-    bonus_rows,          # 1: the target holds a bonus row per request; 0: it does not (HAS_BONUS only)
-    PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr,
-    HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr, LOGPROBS: tl.constexpr,
-    HAS_BONUS: tl.constexpr, HAS_RATES: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """Chain verification (csrc/logits/logits_cpu.cpp chain_request) with the engine keywords of issue #14:
-    HAS_BONUS emits bonus_ptr[b] (clamped into [0, V)) after a fully accepted chain without reading a
-    bonus row (its logprob stays NaN); HAS_RATES accepts a valid draft k iff u_k < rates[k]."""
-    b = tl.program_id(0).to(tl.int64)
-    n, target_base, draft_base = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
-    seed = tl.load(seeds_ptr + b)
-    offset = tl.load(offsets_ptr + b)
-    t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
-                                             HAS_K, HAS_P, HAS_MIN_P)
-    js = tl.arange(0, BLOCK_K).to(tl.int64)
-    lps = tl.full([BLOCK_K], float("nan"), tl.float32)
-
-    k = tl.full([], 0, tl.int64)
-    final = tl.full([], 0, tl.int64)
-    searching = 1
-    if HAS_BONUS:
-        searching = (n > 0).to(tl.int32)  # the bonus row is never entered
-    while searching != 0:
-        row_ptr = logits_ptr + (target_base + k) * vocab
-        m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK)
-        is_draft = k < n
-        x = tl.load(draft_ids_ptr + draft_base + k, mask=is_draft, other=-1)
-        in_vocab = (x >= 0) & (x < vocab)
-        if t > 0:
-            x_logit = logit_value(tl.load(row_ptr + x, mask=is_draft & in_vocab, other=float("-inf")).to(tl.float32))
-            p_x = entry_prob(x_logit, m, t, tau, total)
-            accept = sampled_accept(draft_uniform(seed, offset, k), p_x, x, k, is_draft, in_vocab,
-                                    draft_probs_ptr + (draft_base + k) * vocab, rates_ptr, HAS_DRAFT_PROBS,
-                                    HAS_RATES)
-            if accept:
-                token = x
-            else:
-                token = row_race(row_ptr, draft_probs_ptr + (draft_base + k) * vocab, x, is_draft, vocab, m, t, tau,
-                                 total, seed, offset, k, HAS_DRAFT_PROBS, BLOCK)
-        else:
-            if HAS_RATES:
-                accept = rate_accept(draft_uniform(seed, offset, k), k, is_draft, in_vocab, rates_ptr)
-                token = tl.where(accept, x, argmax)  # an accepted draft need not be the argmax here
-            else:
-                accept = is_draft & (x == argmax)
-                token = argmax
-        if LOGPROBS:
-            lp = token_logprob(row_ptr, token, vocab, m, argmax, t, tau, total, BLOCK)
-            lps = tl.where(js == k, lp, lps)
-        if accept:
-            k += 1
-            if HAS_BONUS:
-                searching = (k < n).to(tl.int32)
-        else:
-            final = token
-            searching = 0
-    write_chain_outputs(token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, draft_ids_ptr, b, n, k, final,
-                        lps, js, draft_base, max_draft, vocab, LOGPROBS, HAS_BONUS)
-
-
 @triton.jit
 def pick(vec, js, j):
     """vec[j] of a small vector (a reduction: Triton has no dynamic register indexing)."""
@@ -418,6 +351,20 @@ def excluded(idx, zeroed, js, count):
     return out
 
 
+@triton.jit
+def node_stats(row_ptr, j, vocab, t, top_k, top_p, min_p, part_max_ptr, part_arg_ptr, part_sum_ptr, tau_ptr,
+               part_kept_ptr, SPLIT: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+               BLOCK: tl.constexpr, RADIX_BLOCK: tl.constexpr):
+    """(m, argmax, tau, total) of row j: row_stats over the row, or SPLIT from the split kernels' workspaces
+    (a greedy row's total is then its sum at T = 1, which no greedy path reads)."""
+    if SPLIT:
+        m, argmax, total = combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, j, t, CHUNKS, CHUNKS_P2)
+        tau, total = filtered_total(tau_ptr, part_kept_ptr, j, total, CHUNKS, CHUNKS_P2)
+    else:
+        m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK, RADIX_BLOCK)
+    return m, argmax, tau, total
+
+
 @triton.jit(do_not_specialize=["nodes"])
 def tree_rejection_sample_logits_kernel(
     logits_ptr,          # [B, N, V] raw logits
@@ -431,13 +378,18 @@ def tree_rejection_sample_logits_kernel(
     accepted_path_ptr,   # int32 out [B, N]
     num_accepted_ptr,    # int32 out [B]
     logprobs_ptr,        # float32 out [B, N] (any valid pointer without LOGPROBS)
+    part_max_ptr, part_arg_ptr, part_sum_ptr,  # SPLIT: chain_row_partials_kernel's over the B x N rows
+    tau_ptr, part_kept_ptr,                    # SPLIT: chain_kept_mass_kernel's
     vocab: tl.constexpr, nodes,
     HAS_NUM_NODES: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr,
     HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr, LOGPROBS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, RADIX_BLOCK: tl.constexpr,
+    SPLIT: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
 ):
     """The walk of csrc/tree_verify/tree_verify_math.h on processed rows (csrc/logits/logits_cpu.cpp
-    tree_request): a node's row statistics are computed when the walk enters it."""
+    tree_request): a node's row statistics are computed when the walk enters it, or, SPLIT (the launcher's
+    choice with filter tensors), combined from the split kernels' per-chunk partials and thresholds, which
+    every row of the tree got in parallel (node_stats)."""
     b = tl.program_id(0).to(tl.int64)
     n = nodes
     if HAS_NUM_NODES:
@@ -460,7 +412,9 @@ def tree_rejection_sample_logits_kernel(
     nonzero = tl.full([], 0, tl.int64)
     row_ptr = logits_ptr + (b * nodes) * vocab
     q_row_ptr = draft_probs_ptr + (b * nodes) * vocab
-    m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK)
+    m, argmax, tau, total = node_stats(row_ptr, b * nodes, vocab, t, top_k, top_p, min_p, part_max_ptr, part_arg_ptr,
+                                       part_sum_ptr, tau_ptr, part_kept_ptr, SPLIT, CHUNKS, CHUNKS_P2, BLOCK,
+                                       RADIX_BLOCK)
     c = n * 0 + 1
     while c < n:  # not range(1, n): n is a runtime value (triton 3.6's interpreter)
         par = tl.load(parents_ptr + b * nodes + c)
@@ -520,7 +474,9 @@ def tree_rejection_sample_logits_kernel(
                 u = c + tl.zeros_like(u)
                 row_ptr = logits_ptr + (b * nodes + u) * vocab
                 q_row_ptr = draft_probs_ptr + (b * nodes + u) * vocab
-                m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK)
+                m, argmax, tau, total = node_stats(row_ptr, b * nodes + u, vocab, t, top_k, top_p, min_p,
+                                                   part_max_ptr, part_arg_ptr, part_sum_ptr, tau_ptr, part_kept_ptr,
+                                                   SPLIT, CHUNKS, CHUNKS_P2, BLOCK, RADIX_BLOCK)
                 rejected = tl.zeros_like(rejected)
                 count = tl.zeros_like(count)
             else:
@@ -553,11 +509,11 @@ def tree_rejection_sample_logits_kernel(
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Chain verification without filters, split over the vocabulary (two launches, no waiting between programs)
+# Chain verification split over the vocabulary (two launches without filters, no waiting between programs)
 #
-# rejection_sample_logits_kernel above walks a request's rows in one program: two passes per row and a race,
-# each V / BLOCK trips long. Rows without top-k / top-p / min-p need only (max, first argmax, sum of exp) per
-# row, which combine exactly over fixed chunks of the vocabulary:
+# One program walking a request's rows would read each row in several passes of V / BLOCK trips one after the
+# other on one SM. Rows without top-k / top-p / min-p need only (max, first argmax, sum of exp) per row, which
+# combine exactly over fixed chunks of the vocabulary:
 #   1. chain_row_partials_kernel, grid (B x (K + 1), chunks): each program reads one chunk of one row once
 #      (per tile: its max, then its sum of exp((x - m_c) / T) against the running max) and writes (m_c, first
 #      argmax, s_c);
@@ -573,6 +529,25 @@ def tree_rejection_sample_logits_kernel(
 # ------------------------------------------------------------------------------------------------------------
 
 
+@triton.jit
+def split_row(lengths_ptr, j, max_draft, num_draft_rows, bonus_rows, PACKED: tl.constexpr, HAS_BONUS: tl.constexpr,
+              TREE: tl.constexpr):
+    """(b, used, target row) of split row j = b x (K+1) + k: `used` where the walk may enter it. TREE: row j is
+    node k of request b's tree (K+1 = N nodes, lengths_ptr its node counts, clamped into [1, N])."""
+    b = j // (max_draft + 1)
+    k = j % (max_draft + 1)
+    if TREE:
+        used = k < tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 1), max_draft + 1)
+        target_row = j
+    else:
+        n, target_base, _ = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
+        used = k <= n
+        if HAS_BONUS:
+            used = k < n
+        target_row = target_base + k
+    return b, used, target_row
+
+
 @triton.jit(do_not_specialize=["num_draft_rows"])
 def chain_row_partials_kernel(
     logits_ptr,          # [rows, V] raw logits
@@ -582,7 +557,7 @@ def chain_row_partials_kernel(
     part_arg_ptr,        # int64 out [B, K+1, CHUNKS]
     part_sum_ptr,        # float32 out [B, K+1, CHUNKS]
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
-    PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr,
+    PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr, TREE: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNK: tl.constexpr, PART_BLOCK: tl.constexpr,
 ):
     """(max, first argmax, sum of exp((x - max) / T)) of one chunk of one row (T = 1 for greedy rows, whose
@@ -598,19 +573,14 @@ def chain_row_partials_kernel(
     chunk's first index is stored in its place."""
     j = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    b = j // (max_draft + 1)
-    k = j % (max_draft + 1)
-    n, target_base, _ = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
-    used = k <= n
-    if HAS_BONUS:
-        used = k < n
+    b, used, target_row = split_row(lengths_ptr, j, max_draft, num_draft_rows, bonus_rows, PACKED, HAS_BONUS, TREE)
     if used:
         inv_t = tl.full([], 1.0, tl.float32)
         if HAS_T:
             t = tl.load(temperature_ptr + b)
             inv_t = tl.where(t > 0, tl.math.div_rn(1.0, tl.minimum(t, F32_MAX)), 1.0)
         exp2_scale = inv_t * LOG2E
-        row_ptr = logits_ptr + (target_base + k) * vocab
+        row_ptr = logits_ptr + target_row * vocab
         lo = c * CHUNK
         m = tl.full([], float("-inf"), tl.float32)
         total = tl.full([], 0.0, tl.float32)
@@ -655,18 +625,22 @@ def combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, j, temperature, CHUNK
 
 
 @triton.jit
-def combined_logprob(x, m, temperature, total):
-    """log p(x) from a combined row: z - log(total) (greedy: the log_softmax of the raw logits)."""
+def combined_logprob(x, m, temperature, tau, total):
+    """log p(x) from a combined row: z - log(total) on the kept set {key >= tau} (greedy: tau = 0 and the
+    log_softmax of the raw logits), -inf off it."""
     t = tl.where(temperature > 0, temperature, 1.0)
-    return tl.where((m > float("-inf")) & (total > 0), scaled(x, m, t) - tl.log(total), float("-inf"))
+    z = scaled(x, m, t)
+    kept = (m > float("-inf")) & (total > 0) & (order_key(z) >= tau)
+    return tl.where(kept, z - tl.log(total), float("-inf"))
 
 
 @triton.jit
-def split_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, total, seed, offset, position, purpose,
-               lo, LENGTH: tl.constexpr, HAS_T: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+def split_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, tau, total, seed, offset, position,
+               purpose, lo, LENGTH: tl.constexpr, HAS_T: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
     """(best score, first index) of the exponential race over entries [lo, lo + LENGTH) of a row: over
     max(p - q, 0) when `residual` (q one-hot at `draft` without HAS_Q), else over p; one running best across
-    tiles. p = exp((x - m) / T) / total as entry_prob (T = 1 without HAS_T: no division), computed exactly
+    tiles. p = exp((x - m) / T) / total on the kept set {key >= tau}, 0 off it, as entry_prob (T = 1 without
+    HAS_T: no division), computed exactly
     only on a tile's log path: the skip test (race_may_win) takes mass_bound, an upper bound on p without
     a division, so a tile none of whose entries can still win costs no division and no log."""
     best = tl.full([], -1.0, tl.float32)
@@ -694,6 +668,7 @@ def split_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, total
             else:
                 z = x - m
             mass = tl.where(total > 0, tl.math.div_rn(tl.exp(z), tl.maximum(total, 1e-30)), 0.0)
+            mass = tl.where(order_key(z) >= tau, mass, 0.0)
             target = tl.where(residual, mass - q, mass)
             best, best_index = race_tile_fold(race_masses(target, inside), u, idx, may_win, best, best_index, True)
     return best, best_index
@@ -712,22 +687,206 @@ def mass_bound(d, inv_t, bound_scale):
     return tl.where(e > 0, tl.maximum(e * bound_scale, 1e-37), 0.0)
 
 
+# ------------------------------------------------------------------------------------------------------------
+# Filters on the split rows (top-k, top-p, min-p): the radix select of radix_select, one launch per pass.
+# Every row the walk may enter (those chain_row_partials_kernel reads) runs a pass as a grid of (row, chunk)
+# programs. Pass g of the call (top-k's 8 passes, then top-p's 8) is one launch: each program first finishes
+# the pick of pass g - 1 (the row's state after pass g - 2 and the CHUNKS x 16 histogram of pass g - 1, read
+# from slot (g - 1) % 2 of double-buffered workspaces and combined in a fixed order, so every program of the
+# row picks the same digit), chunk 0 stores the new state in slot g % 2, and each program writes its chunk's
+# histogram of pass g there. No program waits for another: the launches order the passes. Top-p's target,
+# top_p * (the candidates' mass) * (1 - slack), is the sum of its first histogram (every candidate is in one
+# of its bins). chain_kept_mass_kernel then finishes the last pick, applies min-p, and sums each chunk's kept
+# mass; a row without an active filter (greedy, filters off by value) keeps tau = 0 and the walk takes the
+# partials' total, as without filter tensors. Sums round in a fixed order of tiles, chunks and bins: the same
+# on every device (not the C++ kernel's order: near-ties at the threshold may differ from it).
+# ------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def filtered_total(tau_ptr, part_kept_ptr, j, total, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """(tau, total) of row j: its threshold and, where it has one (tau > 0), the sum of its chunks' kept
+    masses in place of the partials' `total`."""
+    tau = tl.load(tau_ptr + j)
+    if tau > 0:
+        cs = tl.arange(0, CHUNKS_P2)
+        total = tl.sum(tl.load(part_kept_ptr + j * CHUNKS + cs, mask=cs < CHUNKS, other=0.0), 0)
+    return tau, total
+
+
+@triton.jit
+def row_max_of_chunks(part_max_ptr, j, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    cs = tl.arange(0, CHUNKS_P2)
+    return tl.max(tl.load(part_max_ptr + j * CHUNKS + cs, mask=cs < CHUNKS, other=float("-inf")), 0)
+
+
+@triton.jit
+def chunk_histograms(hist_ptr, slot, rows, j, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """Row j's histogram [16] in workspace slot `slot`, summed over its chunks in order."""
+    cs = tl.arange(0, CHUNKS_P2)
+    bins = tl.arange(0, RADIX_BINS)
+    at = ((slot * rows + j) * CHUNKS + cs[:, None]) * RADIX_BINS + bins[None, :]
+    valid = (cs[:, None] < CHUNKS) & (bins[None, :] < RADIX_BINS)
+    return tl.sum(tl.load(hist_ptr + at, mask=valid, other=0.0), 0)
+
+
+@triton.jit
+def finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, slot, rows, j, top_p, passed,
+                BY_MASS: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """The pick of pass `passed` (0-7) of row j's select from its state before that pass and the pass's
+    histogram (slot `slot`): (prefix, remaining or target, above) after it. Top-p's target (pass 0) is
+    top_p times its candidates' mass, less the slack."""
+    hist = chunk_histograms(hist_ptr, slot, rows, j, CHUNKS, CHUNKS_P2)
+    if passed == 0:
+        prefix = tl.full([], 0, tl.int64)
+        above = tl.full([], 0.0, tl.float32)
+        if BY_MASS:
+            remaining = top_p * tl.sum(hist, 0) * (1.0 - TOP_P_SLACK)
+        else:
+            remaining = tl.load(acc_ptr + slot * rows + j)  # top-k's rank, stored by its pass 0
+    else:
+        prefix = tl.load(prefix_ptr + slot * rows + j)
+        remaining = tl.load(acc_ptr + slot * rows + j)
+        above = tl.full([], 0.0, tl.float32)
+        if BY_MASS:
+            above = remaining
+            remaining = tl.load(goal_ptr + j)
+    return radix_pick(hist, prefix, remaining, above, 28 - RADIX_BITS * passed, BY_MASS)
+
+
+@triton.jit(do_not_specialize=["num_draft_rows", "step", "passed"])
+def chain_radix_pass_kernel(
+    logits_ptr, lengths_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+    part_max_ptr,        # float32 [rows, CHUNKS] from chain_row_partials_kernel
+    hist_ptr,            # float32 [2, rows, CHUNKS, 16] histograms (counts or masses), slots used in turn
+    prefix_ptr,          # int64 [2, rows] the select's prefix after the picks so far (chunk 0 writes)
+    acc_ptr,             # float32 [2, rows] by count: the rank left; by mass: the mass above the prefix
+    goal_ptr,            # float32 [rows] top-p's target mass (stored by its pass 1)
+    floor_ptr,           # int64 [rows] top-p's floor: top-k's threshold (stored by top-p's pass 0)
+    step, passed,        # this launch's pass in the call (its slot: step % 2) and in its select (0-7)
+    vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
+    PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
+    HAS_BONUS: tl.constexpr, TREE: tl.constexpr, BY_MASS: tl.constexpr,
+    CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One pass of the split radix select (BY_MASS: top-p's, else top-k's) over one chunk of one row."""
+    j = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    rows = tl.num_programs(0).to(tl.int64)
+    b, used, target_row = split_row(lengths_ptr, j, max_draft, num_draft_rows, bonus_rows, PACKED, HAS_BONUS, TREE)
+    t, top_k, top_p, _ = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T, HAS_K,
+                                         HAS_P, HAS_MIN_P)
+    m = row_max_of_chunks(part_max_ptr, j, CHUNKS, CHUNKS_P2)
+    sampled = used & (t > 0) & (m > float("-inf"))
+    if BY_MASS:
+        active = sampled & (top_p < 1.0)
+    else:
+        active = sampled & (top_k > 0)
+    if active:
+        slot = step % 2
+        prev = 1 - slot
+        floor_key = tl.full([], 0, tl.int64)
+        if passed == 0:
+            prefix = tl.full([], 0, tl.int64)
+            acc = tl.full([], 0.0, tl.float32)
+            if BY_MASS:
+                if HAS_K:
+                    if top_k > 0:  # top-k ran first: its last pick (slot prev) is the floor
+                        floor_key, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, prev, rows,
+                                                      j, top_p, 7, False, CHUNKS, CHUNKS_P2)
+                if c == 0:
+                    tl.store(floor_ptr + j, floor_key)
+            else:
+                acc = top_k.to(tl.float32)
+        else:
+            if BY_MASS:
+                floor_key = tl.load(floor_ptr + j)
+            prefix, acc, above = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, prev, rows, j, top_p,
+                                             passed - 1, BY_MASS, CHUNKS, CHUNKS_P2)
+            if BY_MASS:
+                if (passed == 1) & (c == 0):
+                    tl.store(goal_ptr + j, acc)
+                acc = above
+        if c == 0:
+            tl.store(prefix_ptr + slot * rows + j, prefix)
+            tl.store(acc_ptr + slot * rows + j, acc)
+        lo = c.to(tl.int64) * CHUNK
+        hist = radix_histogram(logits_ptr + target_row * vocab, lo, vocab, m, t, floor_key, prefix,
+                               28 - RADIX_BITS * passed, BY_MASS, CHUNK, BLOCK)
+        bins = tl.arange(0, RADIX_BINS)
+        tl.store(hist_ptr + ((slot * rows + j) * CHUNKS + c) * RADIX_BINS + bins, hist)
+
+
+@triton.jit(do_not_specialize=["num_draft_rows", "step"])
+def chain_kept_mass_kernel(
+    logits_ptr, lengths_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_max_ptr,
+    hist_ptr, prefix_ptr, acc_ptr, goal_ptr, floor_ptr,  # chain_radix_pass_kernel's workspaces
+    tau_ptr,             # int64 out [rows] the kept-key threshold (0: every entry kept)
+    part_kept_ptr,       # float32 out [rows, CHUNKS] the chunks' kept masses (where tau > 0)
+    step,                # the number of radix passes run before (the last one's slot: (step - 1) % 2)
+    vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
+    PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
+    HAS_BONUS: tl.constexpr, TREE: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """A row's threshold (row_stats: top-k's, raised by top-p's and by min-p's) and its chunk's kept mass."""
+    j = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    rows = tl.num_programs(0).to(tl.int64)
+    b, used, target_row = split_row(lengths_ptr, j, max_draft, num_draft_rows, bonus_rows, PACKED, HAS_BONUS, TREE)
+    t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
+                                             HAS_K, HAS_P, HAS_MIN_P)
+    m = row_max_of_chunks(part_max_ptr, j, CHUNKS, CHUNKS_P2)
+    tau = tl.full([], 0, tl.int64)
+    if used & (t > 0) & (m > float("-inf")):
+        last = (step + 1) % 2  # (step - 1) % 2: top-k's and top-p's last passes share it (7 and 15)
+        if HAS_P:
+            if top_p < 1.0:
+                tau, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, last, rows, j, top_p, 7,
+                                        True, CHUNKS, CHUNKS_P2)
+                tau = tl.maximum(tau, tl.load(floor_ptr + j))
+        if HAS_K:
+            if (top_k > 0) & (tau == 0):  # top-k alone (top-p off for this row)
+                tau, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, last, rows, j, top_p, 7,
+                                        False, CHUNKS, CHUNKS_P2)
+        if HAS_MIN_P:
+            if min_p > 0.0:
+                tau = tl.maximum(tau, order_key(tl.log(min_p)))
+        if tau > 0:
+            row_ptr = logits_ptr + target_row * vocab
+            kept = tl.full([], 0.0, tl.float32)
+            for start in range(0, CHUNK, BLOCK):
+                idx = c.to(tl.int64) * CHUNK + start + tl.arange(0, BLOCK)
+                inside = idx < vocab
+                z = scaled(load_row(row_ptr, idx, inside), m, t)
+                kept += tl.sum(tl.where(inside & (order_key(z) >= tau), tl.exp(z), 0.0))
+            tl.store(part_kept_ptr + j * CHUNKS + c, kept)
+    if c == 0:
+        tl.store(tau_ptr + j, tau)
+
+
 @triton.jit(do_not_specialize=["num_draft_rows"])
 def chain_walk_race_kernel(
     logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr, temperature_ptr,
     part_max_ptr, part_arg_ptr, part_sum_ptr,  # from chain_row_partials_kernel
+    tau_ptr,             # int64 [B x (K+1)] kept-key thresholds (HAS_FILTERS: chain_kept_mass_kernel)
+    part_kept_ptr,       # float32 [B x (K+1), CHUNKS] the chunks' kept masses (HAS_FILTERS, where tau > 0)
     race_score_ptr,      # float32 workspace [B, CHUNKS]: the chunks' race winners' scores
     race_index_ptr,      # int64 workspace [B, CHUNKS]
     tickets_ptr,         # int32 [B], zero before the launch
     token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, rates_ptr,
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, LOGPROBS: tl.constexpr,
-    HAS_BONUS: tl.constexpr, HAS_RATES: tl.constexpr,
+    HAS_BONUS: tl.constexpr, HAS_RATES: tl.constexpr, HAS_FILTERS: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """The walk of rejection_sample_logits_kernel on combined row statistics, then this program's chunk of
-    the final race; the request's last program to finish writes the outputs."""
+    """The walk of a request's rows (csrc/logits/logits_cpu.cpp chain_request, with the engine keywords of issue
+    #14: HAS_BONUS emits bonus_ptr[b], clamped into [0, V), after a fully accepted chain without reading a bonus
+    row, its logprob NaN; HAS_RATES accepts a valid draft k iff u_k < rates[k]) on combined row statistics,
+    then this program's chunk of the final race; the request's last program to finish writes the outputs.
+    HAS_FILTERS: a row with a threshold (tau > 0) keeps {key >= tau} and its total is the sum of the chunks'
+    kept masses."""
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1).to(tl.int64)
     n, target_base, draft_base = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
@@ -744,6 +903,7 @@ def chain_walk_race_kernel(
     final = tl.full([], 0, tl.int64)
     m = tl.full([], 0.0, tl.float32)
     total = tl.full([], 0.0, tl.float32)
+    tau = tl.full([], 0, tl.int64)
     x = tl.full([], -1, tl.int64)
     race = tl.full([], 0, tl.int32)  # 1: the final token is this race's (a sampled request's rejection or bonus row)
     searching = 1
@@ -753,12 +913,14 @@ def chain_walk_race_kernel(
         row_ptr = logits_ptr + (target_base + k) * vocab
         m, argmax, total = combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, b * (max_draft + 1) + k, t,
                                         CHUNKS, CHUNKS_P2)
+        if HAS_FILTERS:
+            tau, total = filtered_total(tau_ptr, part_kept_ptr, b * (max_draft + 1) + k, total, CHUNKS, CHUNKS_P2)
         is_draft = k < n
         x = tl.load(draft_ids_ptr + draft_base + k, mask=is_draft, other=-1)
         in_vocab = (x >= 0) & (x < vocab)
         x_logit = logit_value(tl.load(row_ptr + x, mask=is_draft & in_vocab, other=float("-inf")).to(tl.float32))
         if t > 0:
-            accept = sampled_accept(draft_uniform(seed, offset, k), entry_prob(x_logit, m, t, 0, total), x, k,
+            accept = sampled_accept(draft_uniform(seed, offset, k), entry_prob(x_logit, m, t, tau, total), x, k,
                                     is_draft, in_vocab, draft_probs_ptr + (draft_base + k) * vocab, rates_ptr,
                                     HAS_DRAFT_PROBS, HAS_RATES)
             token = x
@@ -772,11 +934,11 @@ def chain_walk_race_kernel(
                 token = argmax
         if LOGPROBS:
             if accept:
-                lps = tl.where(js == k, combined_logprob(x_logit, m, t, total), lps)
+                lps = tl.where(js == k, combined_logprob(x_logit, m, t, tau, total), lps)
             else:
                 if race == 0:  # greedy: the argmax's logprob
                     a_logit = logit_value(tl.load(row_ptr + token).to(tl.float32))
-                    lps = tl.where(js == k, combined_logprob(a_logit, m, t, total), lps)
+                    lps = tl.where(js == k, combined_logprob(a_logit, m, t, tau, total), lps)
         if accept:
             k += 1
             if HAS_BONUS:
@@ -794,7 +956,7 @@ def chain_walk_race_kernel(
         row_ptr = logits_ptr + (target_base + k) * vocab
         q_row_ptr = draft_probs_ptr + (draft_base + k) * vocab
         lo = tl.program_id(1) * CHUNK  # int32, as the race's indices
-        best, index = split_race(row_ptr, q_row_ptr, x, residual, vocab, m, t, total, seed, offset, k, purpose, lo,
+        best, index = split_race(row_ptr, q_row_ptr, x, residual, vocab, m, t, tau, total, seed, offset, k, purpose, lo,
                                  CHUNK, HAS_T, HAS_DRAFT_PROBS, BLOCK)
         at = b * CHUNKS + c
         tl.store(race_score_ptr + at, best)
@@ -810,12 +972,12 @@ def chain_walk_race_kernel(
             top = tl.max(scores, 0)
             final = tl.min(tl.where(valid & (scores == top), indices, 0x7FFFFFFFFFFFFFFF), 0)
             if residual & (top <= 0):  # no residual mass: the race over p, every chunk here
-                _, fallback = split_race(row_ptr, q_row_ptr, x, residual & (top > 0), vocab, m, t, total, seed,
+                _, fallback = split_race(row_ptr, q_row_ptr, x, residual & (top > 0), vocab, m, t, tau, total, seed,
                                          offset, k, purpose, 0, CHUNKS * CHUNK, HAS_T, HAS_DRAFT_PROBS, BLOCK)
                 final = fallback.to(tl.int64)
             if LOGPROBS:
                 f_logit = logit_value(tl.load(row_ptr + final).to(tl.float32))
-                lps = tl.where(js == k, combined_logprob(f_logit, m, t, total), lps)
+                lps = tl.where(js == k, combined_logprob(f_logit, m, t, tau, total), lps)
     if writer:
         write_chain_outputs(token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, draft_ids_ptr, b, n, k, final,
                             lps, js, draft_base, max_draft, vocab, LOGPROBS, HAS_BONUS)
