@@ -689,9 +689,9 @@ def _triton_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_pr
 
 def _triton_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature, top_k, top_p, min_p,
                  seeds, offsets, return_logprobs, chunk=None, block=None, radix_block=None):
-    """One program per request walks its tree; with filter tensors every node's row statistics come first from
-    the split kernels (_split_rows over the B x N rows: the radix passes of all rows in parallel), which the
-    walk combines when it enters a node (SPLIT) instead of reading the row pass after pass."""
+    """Every node's row statistics first, from the split kernels over the B x N rows (_split_rows: the partials
+    and, with filter tensors, the radix passes of all rows in parallel); then one program per request walks its
+    tree, combining a node's statistics where it enters the node."""
     from .triton_kernels.logits import tree_rejection_sample_logits_kernel
 
     batch, nodes, vocab = target_logits.shape
@@ -702,24 +702,18 @@ def _triton_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs,
     if batch == 0:
         return token_ids, accepted_path, num_accepted, logprobs
     target = target_logits.contiguous()
-    params = (temperature, top_k, top_p, min_p)
-    ptrs, flags = _param_ptrs(target, params)
     tokens = tree_token_ids.contiguous().to(torch.int64)
     counts = (torch.full((batch,), nodes, dtype=torch.int64, device=target.device) if num_nodes is None
               else num_nodes.contiguous().to(torch.int64))
-    split = any(p is not None for p in params[1:])
-    stats, chunks = (target,) * 5, 1
-    if split:
-        rows = _split_rows(target, counts, params, batch * nodes, nodes - 1, 0, 0, False, False, True, chunk, block,
-                           radix_block)
-        stats, chunks, block = rows["stats"], rows["chunks"], rows["block"]
+    split = _split_rows(target, counts, (temperature, top_k, top_p, min_p), batch * nodes, nodes - 1, 0, 0, False,
+                        False, True, chunk, block, radix_block)
     tree_rejection_sample_logits_kernel[(batch,)](
         target, target if draft_probs is None else draft_probs.contiguous(), tokens,
-        parents.contiguous().to(torch.int64), counts, seeds.contiguous(), offsets.contiguous(), *ptrs, token_ids,
-        accepted_path, num_accepted, logprobs if return_logprobs else target, *stats, vocab, nodes,
-        HAS_NUM_NODES=num_nodes is not None, HAS_DRAFT_PROBS=draft_probs is not None, **flags,
-        LOGPROBS=bool(return_logprobs), BLOCK_N=next_pow2(nodes), BLOCK=block or _block(vocab),
-        RADIX_BLOCK=radix_block or _radix_block(vocab), SPLIT=split, CHUNKS=chunks, CHUNKS_P2=next_pow2(chunks))
+        parents.contiguous().to(torch.int64), counts, seeds.contiguous(), offsets.contiguous(), *split["ptrs"],
+        token_ids, accepted_path, num_accepted, logprobs if return_logprobs else target, *split["stats"], vocab, nodes,
+        HAS_NUM_NODES=num_nodes is not None, HAS_DRAFT_PROBS=draft_probs is not None, **split["flags"],
+        LOGPROBS=bool(return_logprobs), BLOCK_N=next_pow2(nodes), BLOCK=split["block"],
+        HAS_FILTERS=split["has_filters"], CHUNKS=split["chunks"], CHUNKS_P2=next_pow2(split["chunks"]))
     return token_ids, accepted_path, num_accepted, logprobs
 
 

@@ -212,24 +212,6 @@ def entry_prob(x, m, temperature, tau, total):
 
 
 @triton.jit
-def token_logprob(row_ptr, token, vocab, m, argmax, temperature, tau, total, BLOCK: tl.constexpr):
-    """log p(token) under the row's processed distribution (greedy: log_softmax of the raw logits)."""
-    x = logit_value(tl.load(row_ptr + token).to(tl.float32))
-    if temperature > 0:
-        z = scaled(x, m, temperature)
-        lp = tl.where(order_key(z) >= tau, z - tl.log(total), float("-inf"))
-        lp = tl.where(total > 0, lp, float("-inf"))
-    else:
-        s = tl.full([], 0.0, tl.float32)
-        for start in range(0, vocab, BLOCK):
-            idx = start + tl.arange(0, BLOCK).to(tl.int64)
-            inside = idx < vocab
-            s += tl.sum(tl.where(inside, tl.exp(load_row(row_ptr, idx, inside) - m), 0.0))
-        lp = tl.where(m > float("-inf"), (x - m) - tl.log(s), float("-inf"))
-    return lp
-
-
-@triton.jit
 def race_masses(mass, inside):
     """A tile's entries for race_tile_update: no mass (0, NaN, negative) is 0 (scores 0), entries past the
     row are out of the race (-1)."""
@@ -352,16 +334,14 @@ def excluded(idx, zeroed, js, count):
 
 
 @triton.jit
-def node_stats(row_ptr, j, vocab, t, top_k, top_p, min_p, part_max_ptr, part_arg_ptr, part_sum_ptr, tau_ptr,
-               part_kept_ptr, SPLIT: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-               BLOCK: tl.constexpr, RADIX_BLOCK: tl.constexpr):
-    """(m, argmax, tau, total) of row j: row_stats over the row, or SPLIT from the split kernels' workspaces
-    (a greedy row's total is then its sum at T = 1, which no greedy path reads)."""
-    if SPLIT:
-        m, argmax, total = combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, j, t, CHUNKS, CHUNKS_P2)
+def node_stats(j, t, part_max_ptr, part_arg_ptr, part_sum_ptr, tau_ptr, part_kept_ptr, HAS_FILTERS: tl.constexpr,
+               CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """(m, argmax, tau, total) of row j from the split kernels' workspaces (a greedy row's total is its sum at
+    T = 1, which no greedy path reads; tau = 0 without filters)."""
+    m, argmax, total = combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, j, t, CHUNKS, CHUNKS_P2)
+    tau = tl.full([], 0, tl.int64)
+    if HAS_FILTERS:
         tau, total = filtered_total(tau_ptr, part_kept_ptr, j, total, CHUNKS, CHUNKS_P2)
-    else:
-        m, argmax, tau, total = row_stats(row_ptr, vocab, t, top_k, top_p, min_p, BLOCK, RADIX_BLOCK)
     return m, argmax, tau, total
 
 
@@ -378,18 +358,19 @@ def tree_rejection_sample_logits_kernel(
     accepted_path_ptr,   # int32 out [B, N]
     num_accepted_ptr,    # int32 out [B]
     logprobs_ptr,        # float32 out [B, N] (any valid pointer without LOGPROBS)
-    part_max_ptr, part_arg_ptr, part_sum_ptr,  # SPLIT: chain_row_partials_kernel's over the B x N rows
-    tau_ptr, part_kept_ptr,                    # SPLIT: chain_kept_mass_kernel's
+    part_max_ptr, part_arg_ptr, part_sum_ptr,  # chain_row_partials_kernel's over the B x N rows (TREE)
+    tau_ptr, part_kept_ptr,                    # chain_kept_mass_kernel's (HAS_FILTERS)
     vocab: tl.constexpr, nodes,
     HAS_NUM_NODES: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr,
     HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr, LOGPROBS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, RADIX_BLOCK: tl.constexpr,
-    SPLIT: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, HAS_FILTERS: tl.constexpr, CHUNKS: tl.constexpr,
+    CHUNKS_P2: tl.constexpr,
 ):
     """The walk of csrc/tree_verify/tree_verify_math.h on processed rows (csrc/logits/logits_cpu.cpp
-    tree_request): a node's row statistics are computed when the walk enters it, or, SPLIT (the launcher's
-    choice with filter tensors), combined from the split kernels' per-chunk partials and thresholds, which
-    every row of the tree got in parallel (node_stats)."""
+    tree_request): a node's row statistics (max, argmax, threshold, kept mass) are combined, when the walk
+    enters it, from the split kernels' per-chunk partials and thresholds, which every row of the tree got in
+    parallel before (node_stats); the walk reads a row only for its acceptance tests, the normalizers after
+    a rejection, the final race and the log-probabilities."""
     b = tl.program_id(0).to(tl.int64)
     n = nodes
     if HAS_NUM_NODES:
@@ -412,9 +393,8 @@ def tree_rejection_sample_logits_kernel(
     nonzero = tl.full([], 0, tl.int64)
     row_ptr = logits_ptr + (b * nodes) * vocab
     q_row_ptr = draft_probs_ptr + (b * nodes) * vocab
-    m, argmax, tau, total = node_stats(row_ptr, b * nodes, vocab, t, top_k, top_p, min_p, part_max_ptr, part_arg_ptr,
-                                       part_sum_ptr, tau_ptr, part_kept_ptr, SPLIT, CHUNKS, CHUNKS_P2, BLOCK,
-                                       RADIX_BLOCK)
+    m, argmax, tau, total = node_stats(b * nodes, t, part_max_ptr, part_arg_ptr, part_sum_ptr, tau_ptr, part_kept_ptr,
+                                       HAS_FILTERS, CHUNKS, CHUNKS_P2)
     c = n * 0 + 1
     while c < n:  # not range(1, n): n is a runtime value (triton 3.6's interpreter)
         par = tl.load(parents_ptr + b * nodes + c)
@@ -467,16 +447,15 @@ def tree_rejection_sample_logits_kernel(
                 accept = x == argmax
             if accept:
                 if LOGPROBS:
-                    lps = tl.where(js == k, token_logprob(row_ptr, x, vocab, m, argmax, t, tau, total, BLOCK), lps)
+                    lps = tl.where(js == k, row_logprob(row_ptr, x, m, t, tau, total), lps)
                 toks = tl.where(js == k, x, toks)
                 k += 1
                 path = tl.where(js == k, c, path)
                 u = c + tl.zeros_like(u)
                 row_ptr = logits_ptr + (b * nodes + u) * vocab
                 q_row_ptr = draft_probs_ptr + (b * nodes + u) * vocab
-                m, argmax, tau, total = node_stats(row_ptr, b * nodes + u, vocab, t, top_k, top_p, min_p,
-                                                   part_max_ptr, part_arg_ptr, part_sum_ptr, tau_ptr, part_kept_ptr,
-                                                   SPLIT, CHUNKS, CHUNKS_P2, BLOCK, RADIX_BLOCK)
+                m, argmax, tau, total = node_stats(b * nodes + u, t, part_max_ptr, part_arg_ptr, part_sum_ptr,
+                                                   tau_ptr, part_kept_ptr, HAS_FILTERS, CHUNKS, CHUNKS_P2)
                 rejected = tl.zeros_like(rejected)
                 count = tl.zeros_like(count)
             else:
@@ -500,7 +479,7 @@ def tree_rejection_sample_logits_kernel(
             best, best_index = race_tile_update(race_masses(mass, inside), uniform, idx, best, best_index, True)
         final = best_index
     if LOGPROBS:
-        lps = tl.where(js == k, token_logprob(row_ptr, final, vocab, m, argmax, t, tau, total, BLOCK), lps)
+        lps = tl.where(js == k, row_logprob(row_ptr, final, m, t, tau, total), lps)
         tl.store(logprobs_ptr + b * nodes + js, lps, mask=js < nodes)
     toks = tl.where(js == k, final, toks)
     tl.store(token_ids_ptr + b * nodes + js, toks, mask=js < nodes)
@@ -622,6 +601,12 @@ def combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, j, temperature, CHUNK
     t = tl.where(temperature > 0, temperature, 1.0)
     total = tl.sum(tl.where(finite, tl.exp(scaled(ms, m, t)) * sums, 0.0), 0)
     return m, argmax, total
+
+
+@triton.jit
+def row_logprob(row_ptr, token, m, temperature, tau, total):
+    """combined_logprob of the row's entry `token` (an index inside the row)."""
+    return combined_logprob(logit_value(tl.load(row_ptr + token).to(tl.float32)), m, temperature, tau, total)
 
 
 @triton.jit
@@ -937,8 +922,7 @@ def chain_walk_race_kernel(
                 lps = tl.where(js == k, combined_logprob(x_logit, m, t, tau, total), lps)
             else:
                 if race == 0:  # greedy: the argmax's logprob
-                    a_logit = logit_value(tl.load(row_ptr + token).to(tl.float32))
-                    lps = tl.where(js == k, combined_logprob(a_logit, m, t, tau, total), lps)
+                    lps = tl.where(js == k, row_logprob(row_ptr, token, m, t, tau, total), lps)
         if accept:
             k += 1
             if HAS_BONUS:
@@ -976,8 +960,7 @@ def chain_walk_race_kernel(
                                          offset, k, purpose, 0, CHUNKS * CHUNK, HAS_T, HAS_DRAFT_PROBS, BLOCK)
                 final = fallback.to(tl.int64)
             if LOGPROBS:
-                f_logit = logit_value(tl.load(row_ptr + final).to(tl.float32))
-                lps = tl.where(js == k, combined_logprob(f_logit, m, t, tau, total), lps)
+                lps = tl.where(js == k, row_logprob(row_ptr, final, m, t, tau, total), lps)
     if writer:
         write_chain_outputs(token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, draft_ids_ptr, b, n, k, final,
                             lps, js, draft_base, max_draft, vocab, LOGPROBS, HAS_BONUS)
