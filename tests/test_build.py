@@ -182,3 +182,32 @@ def test_a_toolchain_linking_libstdcxx_statically_is_detected_and_relinked(tmp_p
     out = tmp_path / "p.so"
     subprocess.run([str(wrapper), "-shared", "-fPIC", str(src), "-o", str(out), lib], check=True)
     assert any(n.startswith("libstdc++.so") for n in f["elf_needed"](str(out)))
+
+
+def test_cmake_builds_have_the_same_libstdcxx_guard(tmp_path):
+    """CMakeLists.txt's op library takes cmake/libstdcxx.cmake's verdict (setup.py's probe, in CMake): shared for
+    g++, static with the libstdc++ of the given Python's torch for a -static-libstdc++ wrapper, no verdict for a
+    compiler that does not run."""
+    cmake, gxx = shutil.which("cmake"), shutil.which("g++")
+    if cmake is None or gxx is None or subprocess.run([gxx, "-print-file-name=libstdc++.a"], capture_output=True,
+                                                      text=True).stdout.strip() == "libstdc++.a":
+        pytest.skip("needs cmake and g++ with libstdc++.a")
+    script = os.path.join(os.path.dirname(SETUP), "cmake", "libstdcxx.cmake")
+    wrapper = tmp_path / "g++-static"
+    wrapper.write_text(f'#!/bin/sh\nexec {gxx} -static-libstdc++ "$@"\n')
+    wrapper.chmod(0o755)
+
+    def verdict(*defs):
+        r = subprocess.run([cmake, *(f"-D{d}" for d in defs), "-P", script], cwd=tmp_path, capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stderr.strip()
+
+    assert verdict(f"CXX={gxx}") == "shared"
+    static = verdict(f"CXX={wrapper}", f"PYTHON={sys.executable}")
+    assert static.startswith("static: ") and os.path.basename(static[8:]).startswith("libstdc++.so"), static
+    assert os.path.exists(static[8:])
+    assert verdict(f"CXX={wrapper}") == "static: none found"
+    assert verdict(f"CXX={tmp_path / 'no-such-compiler'}") == "no verdict"
+    text = open(os.path.join(os.path.dirname(SETUP), "CMakeLists.txt")).read()
+    assert "specdec_libstdcxx_check(" in text and "${SPECDEC_LIBSTDCXX}" in text
