@@ -57,6 +57,17 @@ def scaled(x, m, temperature):
 
 
 @triton.jit
+def scaled_tile(x, m, temperature):
+    """scaled() of a tile: without the division at temperature 1 (a branch on the row's scalar temperature,
+    no select: div_rn(d, 1) is d exactly, so the keys and masses are the same)."""
+    if temperature == 1.0:
+        z = x - m
+    else:
+        z = tl.math.div_rn(x - m, temperature)
+    return z
+
+
+@triton.jit
 def row_max(row_ptr, vocab, BLOCK: tl.constexpr):
     """(max x, first index of the max) of a row of sanitized logits (index 0 without a finite logit)."""
     best = tl.full([], float("-inf"), tl.float32)
@@ -96,7 +107,7 @@ def radix_histogram(row_ptr, lo, vocab, m, temperature, floor_key, prefix, shift
         # [TILE, 1] columns: the entries are in the accumulators' layout from the load on (no conversion)
         idx = lo + start + tl.arange(0, TILE).to(tl.int64)[:, None]
         inside = idx < vocab
-        z = scaled(load_row(row_ptr, idx, inside), m, temperature)
+        z = scaled_tile(load_row(row_ptr, idx, inside), m, temperature)
         key = order_key(z)
         match = inside & (key >= floor_key) & ((key >> (shift + RADIX_BITS)) == (prefix >> (shift + RADIX_BITS)))
         if tl.max(tl.max(match.to(tl.int32), 1), 0) > 0:
@@ -843,7 +854,7 @@ def chain_kept_mass_kernel(
             for start in range(0, CHUNK, BLOCK):
                 idx = c.to(tl.int64) * CHUNK + start + tl.arange(0, BLOCK)
                 inside = idx < vocab
-                z = scaled(load_row(row_ptr, idx, inside), m, t)
+                z = scaled_tile(load_row(row_ptr, idx, inside), m, t)
                 kept += tl.sum(tl.where(inside & (order_key(z) >= tau), tl.exp(z), 0.0))
             tl.store(part_kept_ptr + j * CHUNKS + c, kept)
     if c == 0:
