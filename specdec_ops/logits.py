@@ -709,9 +709,9 @@ def _triton_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs,
                         False, True, chunk, block, radix_block)
     tree_rejection_sample_logits_kernel[(batch,)](
         target, target if draft_probs is None else draft_probs.contiguous(), tokens,
-        parents.contiguous().to(torch.int64), counts, seeds.contiguous(), offsets.contiguous(), *split["ptrs"],
+        parents.contiguous().to(torch.int64), counts, seeds.contiguous(), offsets.contiguous(), split["ptrs"][0],
         token_ids, accepted_path, num_accepted, logprobs if return_logprobs else target, *split["stats"], vocab, nodes,
-        HAS_NUM_NODES=num_nodes is not None, HAS_DRAFT_PROBS=draft_probs is not None, **split["flags"],
+        HAS_DRAFT_PROBS=draft_probs is not None, HAS_T=split["flags"]["HAS_T"],
         LOGPROBS=bool(return_logprobs), BLOCK_N=next_pow2(nodes), BLOCK=split["block"],
         HAS_FILTERS=split["has_filters"], CHUNKS=split["chunks"], CHUNKS_P2=next_pow2(split["chunks"]))
     return token_ids, accepted_path, num_accepted, logprobs

@@ -32,10 +32,10 @@ compile_all(tree_rejection_sample_logits_kernel,
                  accepted_path_ptr="*i32", num_accepted_ptr="*i32", logprobs_ptr="*fp32", vocab="i32", nodes="i32",
                  part_max_ptr="*fp32", part_arg_ptr="*i64", part_sum_ptr="*fp32", tau_ptr="*i64",
                  part_kept_ptr="*fp32", **params),
-            [dict(flags[0], HAS_NUM_NODES=True, HAS_DRAFT_PROBS=has_q, LOGPROBS=True, BLOCK_N=64, vocab=128256,
-                  BLOCK=1024, HAS_FILTERS=True, CHUNKS=16, CHUNKS_P2=16) for has_q in (False, True)]
-            + [dict(flags[1], HAS_NUM_NODES=False, HAS_DRAFT_PROBS=False, LOGPROBS=False, BLOCK_N=16, vocab=49152,
-                    BLOCK=1024, HAS_FILTERS=False, CHUNKS=6, CHUNKS_P2=8)])
+            [dict(HAS_T=True, HAS_DRAFT_PROBS=has_q, LOGPROBS=True, BLOCK_N=64, vocab=128256, BLOCK=1024,
+                  HAS_FILTERS=True, CHUNKS=16, CHUNKS_P2=16) for has_q in (False, True)]
+            + [dict(HAS_T=False, HAS_DRAFT_PROBS=False, LOGPROBS=False, BLOCK_N=16, vocab=49152, BLOCK=1024,
+                    HAS_FILTERS=False, CHUNKS=6, CHUNKS_P2=8)])
 # the split chain kernels at the launcher's sizes for V = 128256: chunks of 8192, 16 chunks
 split = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", draft_ids_ptr="*i64", lengths_ptr="*i64",
              seeds_ptr="*i64", offsets_ptr="*i64", temperature_ptr="*fp32", part_max_ptr="*fp32", part_arg_ptr="*i64",

@@ -362,9 +362,9 @@ def tree_rejection_sample_logits_kernel(
     draft_probs_ptr,     # [B, N, V] (any valid pointer without HAS_DRAFT_PROBS)
     tokens_ptr,          # int64 [B, N]
     parents_ptr,         # int64 [B, N]
-    num_nodes_ptr,       # int64 [B] (any valid pointer without HAS_NUM_NODES)
+    num_nodes_ptr,       # int64 [B] node counts (the launcher passes N for every request without num_nodes)
     seeds_ptr, offsets_ptr,
-    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+    temperature_ptr,     # float32 [B] (any valid pointer without HAS_T; the filters are in the split stats)
     token_ids_ptr,       # int64 out [B, N]
     accepted_path_ptr,   # int32 out [B, N]
     num_accepted_ptr,    # int32 out [B]
@@ -372,8 +372,7 @@ def tree_rejection_sample_logits_kernel(
     part_max_ptr, part_arg_ptr, part_sum_ptr,  # chain_row_partials_kernel's over the B x N rows (TREE)
     tau_ptr, part_kept_ptr,                    # chain_kept_mass_kernel's (HAS_FILTERS)
     vocab: tl.constexpr, nodes,
-    HAS_NUM_NODES: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr,
-    HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr, LOGPROBS: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, LOGPROBS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, HAS_FILTERS: tl.constexpr, CHUNKS: tl.constexpr,
     CHUNKS_P2: tl.constexpr,
 ):
@@ -383,13 +382,11 @@ def tree_rejection_sample_logits_kernel(
     parallel before (node_stats); the walk reads a row only for its acceptance tests, the normalizers after
     a rejection, the final race and the log-probabilities."""
     b = tl.program_id(0).to(tl.int64)
-    n = nodes
-    if HAS_NUM_NODES:
-        n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), nodes)
+    n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), nodes)
     seed = tl.load(seeds_ptr + b)
     offset = tl.load(offsets_ptr + b)
-    t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
-                                             HAS_K, HAS_P, HAS_MIN_P)
+    t, _, _, _ = sanitize_params(temperature_ptr, temperature_ptr, temperature_ptr, temperature_ptr, b, vocab, HAS_T,
+                                 False, False, False)
     js = tl.arange(0, BLOCK_N).to(tl.int64)
     path = tl.where(js == 0, 0, -1).to(tl.int64)
     toks = tl.full([BLOCK_N], -1, tl.int64)
