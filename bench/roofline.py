@@ -429,7 +429,8 @@ def logits_cases():
     All accepted is the worst case in rows: verification must read every one of the K+1 rows (bf16, V x 2
     bytes each: the minimum), each row's statistics are computed, then the bonus row's race runs. Every pass
     reads the row once more: without filters (temperature 1) the max, then the kept mass; with top-p 0.9 also
-    the radix select (CUDA: 4 passes of 8 bits by mass; Triton: the kept mass, then 8 passes of 4 bits); then
+    the radix select (CUDA: 4 passes of 8 bits by mass; Triton: 4 passes of 4 bits over the bf16 logits' keys,
+    then the kept mass); then
     one race over the bonus row. Scalar reads: the draft's logit (and q(x) with draft probs, bf16) per draft row.
 
     CUDA without filter tensors (logits_kernels.cu rejection_sample_logits_split_kernel, its resident-row
@@ -535,8 +536,9 @@ SPLIT_RADIX_BLOCK = 256  # specdec_ops/logits.py _radix_block (compiled)
 
 def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
     """Triton chain verification with top-p (specdec_ops/logits.py _launch_chain, _launch_filters): the split
-    pair of _logits_triton_split_case with the thresholds between them. chain_row_partials_kernel; then 8
-    launches of chain_radix_pass_kernel (grid B x (K+1) x chunks), each reading every row once more (bf16) and
+    pair of _logits_triton_split_case with the thresholds between them. chain_row_partials_kernel; then 4
+    launches of chain_radix_pass_kernel (bf16 logits: 16-bit radix keys, 4 bits a pass; grid B x (K+1) x
+    chunks), each reading every row once more and
     the previous pass's histograms of the row's chunks (CHUNKS x 16 x 8 B per program, L2 in practice, counted
     as HBM), writing its own (16 x 8 B per program); its loop counted whole, the one-hot histogram included: an
     upper bound, as only the first passes find a candidate in every tile (later tiles skip it); then
@@ -564,11 +566,12 @@ def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scal
     kept = Case(name=f"logits_triton_{tag}_kept", backend="triton", loop="expsum", passes=1,
                 bytes_moved=batch * rows * row_bytes + programs * (4 + 2 * 16 * 8 + 8),
                 source="triton_kernels.logits:chain_kept_mass_kernel",
-                triton=dict(types=types, constexprs=dict(const, BLOCK=SPLIT_BLOCK), num_warps=4), then=race, **split)
-    radix = Case(name=f"logits_triton_{tag}_radix", backend="triton", loop="scan", passes=8, launches=8,
-                 bytes_moved=8 * (batch * rows * row_bytes + programs * (chunks + 1) * 16 * 8),
+                triton=dict(types=types, constexprs=dict(const, PASSES=4, BLOCK=SPLIT_BLOCK), num_warps=4), then=race,
+                **split)
+    radix = Case(name=f"logits_triton_{tag}_radix", backend="triton", loop="scan", passes=4, launches=4,
+                 bytes_moved=4 * (batch * rows * row_bytes + programs * (chunks + 1) * 16 * 8),
                  source="triton_kernels.logits:chain_radix_pass_kernel",
-                 triton=dict(types=types, constexprs=dict(const, BY_MASS=True, BLOCK=SPLIT_RADIX_BLOCK),
+                 triton=dict(types=types, constexprs=dict(const, BY_MASS=True, PASSES=4, BLOCK=SPLIT_RADIX_BLOCK),
                              num_warps=4), then=kept, **split)
     return Case(name=f"logits_triton_{tag}", backend="triton", loop="expsum", passes=1,
                 bytes_moved=batch * rows * row_bytes + programs * 20, phases=[("expsum", 1, 1)],

@@ -17,7 +17,8 @@ are ignored). A row without a finite logit has no mass (all zeros).
 
 The kernels compute this on z = (x - max x) / T (csrc/logits/logits_math.h): every
 filter is a threshold on z found by a radix select over the order-preserving bits of the
-float values (count and mass histograms, 4 passes of 8 bits, no sort); probabilities are
+float values (count and mass histograms, 4 passes of 8 bits; Triton: 4 bits a pass over the raw
+logits' keys, 4 passes for bfloat16, 5 for float16, 8 for float32; no sort); probabilities are
 never written out. The verification is then exactly §5.2 / §5.3 with the random numbers
 of §5.1, so ``rejection_sample_logits(l, ...)`` equals
 ``rejection_sample(process_logits(l, ...), ..., greedy=temperature == 0)`` for the same
@@ -535,6 +536,12 @@ def _radix_block(vocab):
     return min(next_pow2(vocab), 4096 if triton_interpreting() else 256)
 
 
+def _radix_passes(dtype):
+    """Radix passes (4 bits each) of a select over logits of this type (triton_kernels/logits.py radix_key):
+    the bits that vary in its values widened to float32 (bfloat16 16, float16 19, float32 32)."""
+    return {torch.bfloat16: 4, torch.float16: 5}.get(dtype, 8)
+
+
 def _param_ptrs(ref, params):
     """Kernel pointers of the sampling parameters (ref where absent) and their HAS_* flags."""
     return [ref if t is None else t.contiguous() for t in params], {
@@ -551,8 +558,8 @@ def _triton_process(logits, temperature, top_k, top_p, min_p):
     vocab = x.shape[-1]
     rows = x.numel() // vocab
     ptrs, flags = _param_ptrs(x, (temperature, top_k, top_p, min_p))
-    process_logits_kernel[(rows,)](x, *ptrs, probs, rows, rows // x.shape[0], vocab, **flags, BLOCK=_block(vocab),
-                                   RADIX_BLOCK=_radix_block(vocab))
+    process_logits_kernel[(rows,)](x, *ptrs, probs, rows, rows // x.shape[0], vocab, **flags,
+                                   PASSES=_radix_passes(x.dtype), BLOCK=_block(vocab), RADIX_BLOCK=_radix_block(vocab))
     return probs
 
 
@@ -569,8 +576,9 @@ def _partials_block(chunk):
 
 
 def _launch_filters(target, lengths, ptrs, flags, part_max, rows, chunks, chunk, block, radix_block, common):
-    """The thresholds of the split rows (top-k, top-p, min-p): 8 chain_radix_pass_kernel launches per select
-    present, then chain_kept_mass_kernel. Returns (tau [rows] int64, part_kept [rows, chunks] float32)."""
+    """The thresholds of the split rows (top-k, top-p, min-p): chain_radix_pass_kernel launches per select
+    present (4 over bfloat16 logits, 5 over float16, 8 over float32: _radix_passes), then
+    chain_kept_mass_kernel. Returns (tau [rows] int64, part_kept [rows, chunks] float32)."""
     from .triton_kernels.logits import chain_kept_mass_kernel, chain_radix_pass_kernel
 
     new = target.new_empty
@@ -583,13 +591,14 @@ def _launch_filters(target, lengths, ptrs, flags, part_max, rows, chunks, chunk,
     part_kept = new((rows, chunks), dtype=torch.float32)
     workspaces = (hist, prefix, acc, goal, floor)
     step = 0
+    passes = _radix_passes(target.dtype)
     for by_mass, present in ((False, flags["HAS_K"]), (True, flags["HAS_P"])):
-        for passed in range(8 if present else 0):
+        for passed in range(passes if present else 0):
             chain_radix_pass_kernel[(rows, chunks)](target, lengths, *ptrs, part_max, *workspaces, step, passed,
-                                                    **common, BY_MASS=by_mass, BLOCK=radix_block)
+                                                    **common, BY_MASS=by_mass, PASSES=passes, BLOCK=radix_block)
             step += 1
     chain_kept_mass_kernel[(rows, chunks)](target, lengths, *ptrs, part_max, *workspaces, tau, part_kept, step,
-                                           **common, BLOCK=block)
+                                           **common, PASSES=passes, BLOCK=block)
     return tau, part_kept
 
 

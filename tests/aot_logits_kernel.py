@@ -25,7 +25,7 @@ params = dict(temperature_ptr="*fp32", top_k_ptr="*i64", top_p_ptr="*fp32", min_
 flags = [dict(HAS_T=True, HAS_K=True, HAS_P=True, HAS_MIN_P=True), dict(HAS_T=False, HAS_K=False, HAS_P=False,
                                                                          HAS_MIN_P=False)]
 compile_all(process_logits_kernel, dict(logits_ptr="*bf16", probs_ptr="*fp32", rows="i32", inner="i32", vocab="i32",
-                                        **params), [dict(f, vocab=128256, BLOCK=1024, RADIX_BLOCK=256) for f in flags])
+                                        **params), [dict(f, vocab=128256, PASSES=4, BLOCK=1024, RADIX_BLOCK=256) for f in flags])
 compile_all(tree_rejection_sample_logits_kernel,
             dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", tokens_ptr="*i64", parents_ptr="*i64",
                  num_nodes_ptr="*i64", seeds_ptr="*i64", offsets_ptr="*i64", token_ids_ptr="*i64",
@@ -52,11 +52,15 @@ compile_all(chain_walk_race_kernel, split,
             [dict(PACKED=False, HAS_DRAFT_PROBS=True, HAS_T=True, LOGPROBS=True, HAS_BONUS=False, HAS_RATES=False,
                   HAS_FILTERS=filters, CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, BLOCK_K=8, BLOCK=1024, vocab=128256)
              for filters in (False, True)])
-# with filters: the radix passes (both selects) and the kept mass, 4 warps as launched, no spills
+# with filters: the radix passes (both selects) and the kept mass, 4 warps as launched, no spills; bf16 logits
+# (4 passes a select) and float32 (8)
 filtered = dict(PACKED=False, HAS_T=True, HAS_K=True, HAS_P=True, HAS_MIN_P=True, HAS_BONUS=False, TREE=False,
                 CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, vocab=128256)
-for by_mass in (False, True):
-    check(compile_kernel(chain_radix_pass_kernel, split, dict(filtered, BY_MASS=by_mass, BLOCK=256), num_warps=4),
-          f"chain_radix_pass_kernel BY_MASS={by_mass}")
-check(compile_kernel(chain_kept_mass_kernel, split, dict(filtered, BLOCK=1024), num_warps=4), "chain_kept_mass_kernel")
+for logits, passes in (("*bf16", 4), ("*fp32", 8)):
+    types = dict(split, logits_ptr=logits)
+    for by_mass in (False, True):
+        check(compile_kernel(chain_radix_pass_kernel, types, dict(filtered, BY_MASS=by_mass, PASSES=passes, BLOCK=256),
+                             num_warps=4), f"chain_radix_pass_kernel {logits} BY_MASS={by_mass}")
+    check(compile_kernel(chain_kept_mass_kernel, types, dict(filtered, PASSES=passes, BLOCK=1024), num_warps=4),
+          f"chain_kept_mass_kernel {logits}")
 print("compiled")

@@ -1511,3 +1511,121 @@ def test_triton_tree_split_filters_equal_the_cpu_op(draft_probs):
     assert torch.equal(path, ref.accepted_path) and torch.equal(accepted, ref.num_accepted)
     assert int(accepted.sum()) > 0
     torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)
+
+
+# ---------------------------------------------------------------------------------------------- radix keys
+
+
+def _order_keys_np(values):
+    """uint32 order keys (logits_math.h order_key) of float32 values, written out in numpy: the bits, -0.0 as
+    +0.0, a negative value's 31 low bits flipped, plus 2^31."""
+    v = np.asarray(values, dtype=np.float32)
+    bits = np.where(v == 0, 0, v.view(np.int32)).astype(np.int64)
+    signed = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return signed + 2**31
+
+
+@pytest.mark.parametrize("dtype,passes", [(torch.bfloat16, 4), (torch.float16, 5)])
+def test_radix_passes_cover_every_bit_that_varies(dtype, passes):
+    """The premise of the Triton selects' pass counts (specdec_ops/logits.py _radix_passes): over every bit
+    pattern of the type widened to float32 (NaN as -inf, as radix_key reads it), the key bits below the last
+    pass are 0 for non-negative values and all ones for negative ones, so the upper bits alone tell the values
+    apart and the low bits are restored from the sign (threshold_key)."""
+    from specdec_ops.logits import _radix_passes
+
+    assert _radix_passes(dtype) == passes and _radix_passes(torch.float32) == 8
+    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).float().numpy()
+    values = np.where(np.isnan(values), -np.inf, values)
+    keys = _order_keys_np(values)
+    low_bits = 32 - 4 * passes
+    low = keys & ((1 << low_bits) - 1)
+    assert np.all(np.where(keys >= 2**31, low == 0, low == (1 << low_bits) - 1))
+    distinct_values = np.unique(np.where(values == 0, 0.0, values)).size
+    assert np.unique(keys >> low_bits).size == distinct_values  # upper bits distinct per distinct value
+    if passes > 1:  # one pass fewer would merge values (so the count is the fewest that works)
+        assert np.unique(keys >> (low_bits + 4)).size < distinct_values
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_triton_threshold_key_decodes_the_radix_pick(dtype):
+    """threshold_key of an entry's radix key cut to the selects' bits is z's key of that entry: negative values
+    (low bits restored as ones), +-0, +-inf, NaN, subnormals, at temperature 1 and 0.7."""
+    from specdec_ops.logits import _radix_passes
+    from threshold_probe import probe
+
+    tiny = torch.finfo(dtype).tiny
+    x = torch.tensor([-3.25, -1.0, -0.0, 0.0, 0.5, 2.0, 7.75, float("inf"), float("-inf"), float("nan"),
+                      tiny, -tiny, tiny / 4, torch.finfo(dtype).max, -torch.finfo(dtype).max], dtype=torch.float32)
+    x = torch.cat([x, torch.randn(49, generator=torch.Generator().manual_seed(2)) * 5]).to(dtype)
+    for temperature in (1.0, 0.7):
+        out = torch.empty(x.numel(), dtype=torch.int64)
+        want = torch.empty_like(out)
+        probe[(1,)](x, out, want, 8.0, temperature, x.numel(), PASSES=_radix_passes(dtype), BLOCK=64)
+        assert torch.equal(out, want), (x, out, want)
+
+
+def _adjacent_rows(dtype, rows=6, vocab=48):
+    """Rows of consecutive representable values of `dtype` (around 0.3, -1.7 and 12, shuffled): every pair of
+    neighbours differs in the lowest bit of the type, where a select with a pass too few cannot tell them apart."""
+    g = torch.Generator().manual_seed(8)
+    out = []
+    for r in range(rows):
+        base = torch.tensor([0.3, -1.7, 12.0][r % 3], dtype=dtype)
+        vals = [base]
+        for _ in range(vocab - 1):
+            vals.append(torch.nextafter(vals[-1], torch.tensor(float("inf"), dtype=dtype)))
+        row = torch.stack(vals)
+        out.append(row[torch.randperm(vocab, generator=g)])
+    return torch.stack(out)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_triton_filters_on_adjacent_values_equal_the_cpu_op(dtype):
+    """process_logits and the split chain rows over logits whose values are all neighbours in their type, top-k
+    and top-p cutting between two neighbours (temperature 1e-3: they still differ in probability): the kept
+    sets equal the C++ op's (a select with one pass fewer than the type needs keeps whole groups of
+    neighbours)."""
+    if dtype != torch.float32:
+        pytest.importorskip("numpy")
+    x = _adjacent_rows(dtype)
+    rows = x.shape[0]
+    temperature = torch.full((rows,), 1e-3 if dtype == torch.float32 else 0.02)
+    params = dict(temperature=temperature, top_k=torch.tensor([1, 5, 0, 17, 0, 3]),
+                  top_p=torch.tensor([1.0, 1.0, 0.5, 0.9, 0.999, 0.3]))
+    want = specdec_ops.process_logits(x, **params, backend="cpu")
+    got = specdec_ops.process_logits(x, **params, backend="triton")
+    assert torch.equal(got > 0, want > 0), ((got > 0).sum(-1), (want > 0).sum(-1))
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-7)
+    # the split path: bonus rows only (no drafts), 3 chunks of 16 a row
+    args = dict(target_logits=x[:, None], draft_token_ids=torch.zeros(rows, 0, dtype=torch.int64),
+                num_draft_tokens=torch.zeros(rows, dtype=torch.int64), draft_probs=None,
+                seeds=torch.arange(rows, dtype=torch.int64), offsets=torch.zeros(rows, dtype=torch.int64),
+                min_p=None, **params)
+    ref = _cpu(args)
+    ids, _, lps = _split_call(args, chunk=16, block=16, radix_block=16)
+    assert torch.equal(ids, ref.token_ids)
+    torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_triton_filters_keep_the_ties_rounding_makes():
+    """Distinct bfloat16 logits whose z = (x - max) / T round to one float32 value (x - max rounds away their
+    difference next to a max of 1e10; T = 1e12 leaves them probability 0.99 each) are tied in p, so top-k 2
+    keeps all five entries and top-p keeps them all or only the max: the Triton selects run on the raw logits'
+    keys, and their threshold must be z's (a threshold compared on the raw keys keeps two)."""
+    x = torch.tensor([[1e10, 1.0, 2.0, 3.0, 4.0]] * 3, dtype=torch.bfloat16)
+    params = dict(temperature=torch.full((3,), 1e12), top_k=torch.tensor([2, 0, 2]),
+                  top_p=torch.tensor([1.0, 0.3, 0.5]))
+    want = specdec_ops.process_logits(x, **params, backend="cpu")
+    assert (want > 0).sum(-1).tolist() == [5, 5, 5]  # C++: all tied after the max (top-p 0.3 needs two entries)
+    assert torch.equal(specdec_ops.process_logits(x, **params, backend="triton") > 0, want > 0)
+    args = dict(target_logits=x[:, None], draft_token_ids=torch.zeros(3, 0, dtype=torch.int64),
+                num_draft_tokens=torch.zeros(3, dtype=torch.int64), draft_probs=None,
+                seeds=torch.arange(3, dtype=torch.int64), offsets=torch.zeros(3, dtype=torch.int64), min_p=None,
+                **params)
+    ref = _cpu(args)
+    ids, _, lps = _split_call(args, chunk=16, block=16, radix_block=16)
+    assert torch.equal(ids, ref.token_ids)
+    torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)

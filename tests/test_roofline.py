@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "roofline.py")
@@ -157,8 +158,8 @@ def test_logits_cases_count_every_pass_over_the_rows():
     assert split.passes == 1 and split.items == 64 * rows and split.then is not None and split.then.passes == 1
     assert split.then.bytes_moved >= 64 * row
     # top-p: CUDA 4 radix passes of 8 bits over the shared-memory share (still each row once from HBM);
-    # Triton the split kernels with 8 radix launches (each row read once more per pass), the kept mass (once
-    # more), then the race
+    # Triton the split kernels with 4 radix launches (bf16: 16-bit keys; each row read once more per pass), the
+    # kept mass (once more), then the race
     assert cases["logits_cuda_onehot_topp"].passes == 7 * rows + 1
     assert hbm(cases["logits_cuda_onehot_topp"]) == rows
     assert [p[0] for p in cases["logits_cuda_onehot_topp"].phases if p[3:] == ("smem",)] == \
@@ -169,8 +170,11 @@ def test_logits_cases_count_every_pass_over_the_rows():
         kernel = kernel.then
     assert [k.source.split(":")[1] for k in chain] == ["chain_row_partials_kernel", "chain_radix_pass_kernel",
                                                         "chain_kept_mass_kernel", "chain_walk_race_kernel"]
-    assert [(k.passes, k.launches) for k in chain] == [(1, 1), (8, 8), (1, 1), (1, 1)]
-    assert chain[1].bytes_moved >= 8 * 64 * rows * row and chain[2].bytes_moved >= 64 * rows * row
+    assert [(k.passes, k.launches) for k in chain] == [(1, 1), (4, 4), (1, 1), (1, 1)]
+    assert chain[1].bytes_moved >= 4 * 64 * rows * row and chain[2].bytes_moved >= 64 * rows * row
+    from specdec_ops.logits import _radix_passes
+    assert chain[1].triton["constexprs"]["PASSES"] == chain[2].triton["constexprs"]["PASSES"] == \
+        _radix_passes(torch.bfloat16) == 4
 
 
 def committed_rows(prefix):
@@ -188,13 +192,13 @@ def test_roofline_rows_for_the_logits_kernels():
     split = rows.pop("logits_triton_onehot")  # two kernels: the fused max + exp-sum, then the race
     assert [p["loop"] for p in split["phases"]] == ["expsum"] and split["then"]["loop_instructions"] > 0
     assert split["predicted_us"] > split["then"]["predicted_us"] > 0 and 0 < split["pct_peak"] <= 100
-    # with top-p four kernels: the partials, the radix passes (8 launches), the kept mass, the race
+    # with top-p four kernels: the partials, the radix passes (4 launches), the kept mass, the race
     filtered = rows.pop("logits_triton_onehot_topp")
     later = filtered["then_more"] + [filtered["then"]]
     assert [p["loop"] for p in filtered["phases"]] == ["expsum"] and len(later) == 3
     assert all(k["loop_instructions"] > 0 and k["spills"] == 0 for k in later)
     assert filtered["predicted_us"] > sum(k["predicted_us"] for k in later) > 0
-    assert later[0]["predicted_us"] >= 8 * roofline.LAUNCH_S * 1e6  # one launch per radix pass
+    assert later[0]["predicted_us"] >= 4 * roofline.LAUNCH_S * 1e6  # one launch per radix pass
     for name, row in rows.items():
         loops = [p["loop"] for p in row["phases"]]
         assert all(p["instructions"] > 0 and p["trips"] > 0 for p in row["phases"]), name

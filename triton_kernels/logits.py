@@ -4,9 +4,11 @@ csrc/logits/logits_math.h and the random numbers of csrc/common/philox.h.
 A row's processed distribution is never written: `row_stats` reads the logits and
 returns (max, first argmax, kept-key threshold tau, kept mass S); an entry's
 probability is then e / S with e = exp((x - max) / T) on the kept set {key >= tau}.
-Thresholds come from a radix select over the order-preserving keys of z = (x - max) / T,
-4 bits per pass (8 passes; a 16-bin count or mass histogram per tile as a one-hot
-reduction), never a sort. Rows without filters take two passes (max, then the sum of
+Thresholds come from a radix select over the order-preserving keys of the raw logits
+(radix_key), 4 bits per pass (a 16-bin count or mass histogram per tile as a one-hot
+reduction), never a sort: as many passes as the logits' type has bits that vary (bfloat16 4,
+float16 5, float32 8: radix_passes), each pick then turned into the threshold on z's keys
+(threshold_key). Rows without filters take two passes (max, then the sum of
 e). process_logits runs one program per row, tree verification one per request (its walk
 enters a node's row when it reaches it). Chain verification splits each row over fixed
 vocabulary chunks (chain_row_partials_kernel, with filters one chain_radix_pass_kernel
@@ -24,7 +26,6 @@ F32_MAX = tl.constexpr(3.4028234663852886e38)
 LOG2E = tl.constexpr(1.4426950408889634)
 RADIX_BITS = tl.constexpr(4)
 RADIX_BINS = tl.constexpr(16)
-RADIX_PASSES = tl.constexpr(8)
 TOP_P_SLACK = tl.constexpr(9.5367431640625e-07)  # 2^-20: csrc/logits/logits_math.h kTopPSlack
 
 
@@ -44,6 +45,33 @@ def order_key(z):
     bits = tl.where(z == 0.0, 0, z.to(tl.int32, bitcast=True))
     signed = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
     return signed.to(tl.int64) + 2147483647 + 1
+
+
+@triton.jit
+def radix_key(raw):
+    """The radix select's key of a raw logit (float32 as loaded): order_key with NaN as -inf and +inf kept
+    (above every finite value, also the largest float32 that logit_value makes of it).
+
+    The selects run on these keys, not on z's: z = (logit_value(x) - m) / T is a non-decreasing function of
+    x, and two entries with the same key have the same x, hence the same z. So the goal-th largest x (by
+    count) has the goal-th largest z, and the largest x whose candidates from the top reach a mass is where
+    z's select stops too (its candidates from the top are the same entries plus any whose z ties with its z,
+    which the threshold on z keeps); threshold_key turns the pick into z's key. Half-precision values widened
+    to float32 leave the low bits of their keys constant (bfloat16: 16 bits, float16: 13; a negative value's
+    are ones after the flip), so a select over the upper bits alone is exact: radix_passes."""
+    return order_key(tl.where(raw != raw, float("-inf"), raw))
+
+
+@triton.jit
+def threshold_key(prefix, m, temperature, PASSES: tl.constexpr):
+    """z's key of the entry a radix select picked (prefix: its radix_key, the bits below the last pass
+    still zero): the constant low bits restored (ones below a negative value's upper bits), the value
+    sanitized as the entries are, then scaled as they are."""
+    low = (tl.full([], 1, tl.int64) << (32 - RADIX_BITS * PASSES)) - 1
+    key = tl.where(prefix < 2147483648, prefix | low, prefix)
+    signed = (key - 2147483648).to(tl.int32)
+    bits = tl.where(signed < 0, signed ^ 0x7FFFFFFF, signed)
+    return order_key(scaled_tile(logit_value(bits.to(tl.float32, bitcast=True)), m, temperature))
 
 
 @triton.jit
@@ -87,12 +115,14 @@ def row_max(row_ptr, vocab, BLOCK: tl.constexpr):
 @triton.jit
 def radix_histogram(row_ptr, lo, vocab, m, temperature, floor_key, prefix, shift, BY_MASS: tl.constexpr,
                     LENGTH: tl.constexpr, TILE: tl.constexpr):
-    """The histogram [RADIX_BINS] of entries [lo, lo + LENGTH) of a row: per digit (key >> shift) & 15 the
-    number (BY_MASS: the sum of e = exp(z)) of the candidates, the entries with key >= floor_key whose digits
-    above `shift` equal prefix's (all candidates when shift = 28). Tiles of TILE entries add their one-hot
-    [TILE, 16] into per-thread accumulators (one reduction per tile: the skip test; the bins are reduced once
-    at the end: compiled, TILE = 256 over 4 warps is 2 x 16 x 2 accumulators a thread); a tile without a
-    candidate skips the one-hot (after a select's first passes few tiles hold one).
+    """The histogram [RADIX_BINS] of entries [lo, lo + LENGTH) of a row: per digit (radix_key >> shift) & 15
+    the number (BY_MASS: the sum of e = exp(z)) of the candidates, the entries whose radix_key digits above
+    `shift` equal prefix's (all entries when shift = 28) and, BY_MASS, whose z has a key >= floor_key (top-p
+    after top-k: top-k's threshold; a select by count has no floor: top-k runs first, and it reads neither z
+    nor the temperature). Tiles of TILE entries add their one-hot [TILE, 16] into per-thread accumulators
+    (one reduction per tile: the skip test; the bins are reduced once at the end: compiled, TILE = 256 over 4
+    warps is 2 x 16 x 2 accumulators a thread); a tile without a candidate skips the one-hot (after a
+    select's first passes few tiles hold one).
 
     BY_MASS: no counts; the masses stand in for them (a bin is taken as non-empty when it holds mass). The
     pick cannot tell: the highest bin reaching the target holds mass (a bin without mass has the sum from
@@ -107,9 +137,14 @@ def radix_histogram(row_ptr, lo, vocab, m, temperature, floor_key, prefix, shift
         # [TILE, 1] columns: the entries are in the accumulators' layout from the load on (no conversion)
         idx = lo + start + tl.arange(0, TILE).to(tl.int64)[:, None]
         inside = idx < vocab
-        z = scaled_tile(load_row(row_ptr, idx, inside), m, temperature)
-        key = order_key(z)
-        match = inside & (key >= floor_key) & ((key >> (shift + RADIX_BITS)) == (prefix >> (shift + RADIX_BITS)))
+        raw = tl.load(row_ptr + idx, mask=inside, other=float("-inf")).to(tl.float32)
+        raw = tl.where(raw != raw, float("-inf"), raw)  # radix_key's and logit_value's NaN, once
+        key = order_key(raw)
+        match = inside & ((key >> (shift + RADIX_BITS)) == (prefix >> (shift + RADIX_BITS)))
+        if BY_MASS:
+            z = scaled_tile(tl.minimum(raw, F32_MAX), m, temperature)
+            if floor_key > 0:  # top-k's threshold (a branch on the row's scalar)
+                match = match & (order_key(z) >= floor_key)
         if tl.max(tl.max(match.to(tl.int32), 1), 0) > 0:
             digit = ((key >> shift) & (RADIX_BINS - 1)).to(tl.int32)
             if BY_MASS:
@@ -146,22 +181,23 @@ def radix_pick(weight, prefix, remaining, above, shift, BY_MASS: tl.constexpr):
 
 @triton.jit
 def radix_select(row_ptr, vocab: tl.constexpr, m, temperature, floor_key, goal, BY_MASS: tl.constexpr,
-                 TILE: tl.constexpr):
-    """Threshold key over the entries with key >= floor_key: by count, the key of the goal-th largest;
-    by mass, the largest key v with sum_{key >= v} e >= goal (logits_math.h radix_pick_count /
-    radix_pick_mass, 4 bits per pass)."""
+                 PASSES: tl.constexpr, TILE: tl.constexpr):
+    """Threshold (z's key) over the candidates (BY_MASS: the entries whose z has a key >= floor_key): by
+    count, the key of the goal-th largest; by mass, the largest key v with sum_{key >= v} e >= goal
+    (logits_math.h radix_pick_count / radix_pick_mass, here over radix_key, 4 bits per pass, PASSES passes)."""
     prefix = tl.full([], 0, tl.int64)
     remaining = goal  # by count: rank inside the current prefix; by mass: the target mass
     above = tl.full([], 0.0, tl.float32)
-    for p in tl.static_range(RADIX_PASSES):
+    for p in tl.static_range(PASSES):
         shift = 32 - RADIX_BITS * (p + 1)
         hist = radix_histogram(row_ptr, 0, vocab, m, temperature, floor_key, prefix, shift, BY_MASS, vocab, TILE)
         prefix, remaining, above = radix_pick(hist, prefix, remaining, above, shift, BY_MASS)
-    return prefix
+    return threshold_key(prefix, m, temperature, PASSES)
 
 
 @triton.jit
-def row_stats(row_ptr, vocab, temperature, top_k, top_p, min_p, BLOCK: tl.constexpr, RADIX_BLOCK: tl.constexpr):
+def row_stats(row_ptr, vocab, temperature, top_k, top_p, min_p, PASSES: tl.constexpr, BLOCK: tl.constexpr,
+              RADIX_BLOCK: tl.constexpr):
     """(m, argmax, tau, total) of a row (logits_math.h). Greedy (temperature 0) and rows without a
     finite logit stop after the max; total is then 0."""
     m, argmax = row_max(row_ptr, vocab, BLOCK)
@@ -170,7 +206,8 @@ def row_stats(row_ptr, vocab, temperature, top_k, top_p, min_p, BLOCK: tl.conste
     has_mass = m > float("-inf")
     if temperature > 0 and has_mass:
         if top_k > 0:
-            tau = radix_select(row_ptr, vocab, m, temperature, tau, top_k.to(tl.float32), False, RADIX_BLOCK)
+            tau = radix_select(row_ptr, vocab, m, temperature, tau, top_k.to(tl.float32), False, PASSES,
+                               RADIX_BLOCK)
         if top_p < 1.0:
             kept_mass = tl.full([], 0.0, tl.float32)
             for start in range(0, vocab, BLOCK):
@@ -179,7 +216,8 @@ def row_stats(row_ptr, vocab, temperature, top_k, top_p, min_p, BLOCK: tl.conste
                 z = scaled(load_row(row_ptr, idx, inside), m, temperature)
                 kept_mass += tl.sum(tl.where(inside & (order_key(z) >= tau), tl.exp(z), 0.0))
             tau = tl.maximum(tau, radix_select(row_ptr, vocab, m, temperature, tau,
-                                                top_p * kept_mass * (1.0 - TOP_P_SLACK), True, RADIX_BLOCK))
+                                                top_p * kept_mass * (1.0 - TOP_P_SLACK), True, PASSES,
+                                                RADIX_BLOCK))
         if min_p > 0.0:
             tau = tl.maximum(tau, order_key(tl.log(min_p)))
         for start in range(0, vocab, BLOCK):
@@ -232,12 +270,13 @@ def race_masses(mass, inside):
 @triton.jit(do_not_specialize=["rows", "inner"])
 def process_logits_kernel(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, probs_ptr, rows, inner,
                           vocab: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
-                          HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr, RADIX_BLOCK: tl.constexpr):
+                          HAS_MIN_P: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr,
+                          RADIX_BLOCK: tl.constexpr):
     j = tl.program_id(0).to(tl.int64)
     t, k, p, mp = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, j // inner, vocab, HAS_T, HAS_K,
                                   HAS_P, HAS_MIN_P)
     row_ptr = logits_ptr + j * vocab
-    m, argmax, tau, total = row_stats(row_ptr, vocab, t, k, p, mp, BLOCK, RADIX_BLOCK)
+    m, argmax, tau, total = row_stats(row_ptr, vocab, t, k, p, mp, PASSES, BLOCK, RADIX_BLOCK)
     for start in range(0, vocab, BLOCK):
         idx = start + tl.arange(0, BLOCK).to(tl.int64)
         inside = idx < vocab
@@ -683,8 +722,8 @@ def mass_bound(d, inv_t, bound_scale):
 # ------------------------------------------------------------------------------------------------------------
 # Filters on the split rows (top-k, top-p, min-p): the radix select of radix_select, one launch per pass.
 # Every row the walk may enter (those chain_row_partials_kernel reads) runs a pass as a grid of (row, chunk)
-# programs. Pass g of the call (top-k's 8 passes, then top-p's 8) is one launch: each program first finishes
-# the pick of pass g - 1 (the row's state after pass g - 2 and the CHUNKS x 16 histogram of pass g - 1, read
+# programs. Pass g of the call (top-k's PASSES passes, then top-p's: radix_passes of the logits' type) is one
+# launch: each program first finishes the pick of pass g - 1 (the row's state after pass g - 2 and the CHUNKS x 16 histogram of pass g - 1, read
 # from slot (g - 1) % 2 of double-buffered workspaces and combined in a fixed order, so every program of the
 # row picks the same digit), chunk 0 stores the new state in slot g % 2, and each program writes its chunk's
 # histogram of pass g there. No program waits for another: the launches order the passes. Top-p's target,
@@ -726,9 +765,10 @@ def chunk_histograms(hist_ptr, slot, rows, j, CHUNKS: tl.constexpr, CHUNKS_P2: t
 @triton.jit
 def finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, slot, rows, j, top_p, passed,
                 BY_MASS: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
-    """The pick of pass `passed` (0-7) of row j's select from its state before that pass and the pass's
-    histogram (slot `slot`): (prefix, remaining or target, above) after it. Top-p's target (pass 0) is
-    top_p times its candidates' mass, less the slack."""
+    """The pick of pass `passed` (0 to PASSES - 1) of row j's select from its state before that pass and the
+    pass's histogram (slot `slot`): (prefix, remaining or target, above) after it (the prefix: radix_key
+    bits; threshold_key turns the last one into z's). Top-p's target (pass 0) is top_p times its candidates'
+    mass, less the slack."""
     hist = chunk_histograms(hist_ptr, slot, rows, j, CHUNKS, CHUNKS_P2)
     if passed == 0:
         prefix = tl.full([], 0, tl.int64)
@@ -755,11 +795,11 @@ def chain_radix_pass_kernel(
     prefix_ptr,          # int64 [2, rows] the select's prefix after the picks so far (chunk 0 writes)
     acc_ptr,             # float32 [2, rows] by count: the rank left; by mass: the mass above the prefix
     goal_ptr,            # float32 [rows] top-p's target mass (stored by its pass 1)
-    floor_ptr,           # int64 [rows] top-p's floor: top-k's threshold (stored by top-p's pass 0)
-    step, passed,        # this launch's pass in the call (its slot: step % 2) and in its select (0-7)
+    floor_ptr,           # int64 [rows] top-p's floor: top-k's threshold, z's key (stored by top-p's pass 0)
+    step, passed,        # this launch's pass in the call (its slot: step % 2) and in its select (from 0)
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
-    HAS_BONUS: tl.constexpr, TREE: tl.constexpr, BY_MASS: tl.constexpr,
+    HAS_BONUS: tl.constexpr, TREE: tl.constexpr, BY_MASS: tl.constexpr, PASSES: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """One pass of the split radix select (BY_MASS: top-p's, else top-k's) over one chunk of one row."""
@@ -785,8 +825,9 @@ def chain_radix_pass_kernel(
             if BY_MASS:
                 if HAS_K:
                     if top_k > 0:  # top-k ran first: its last pick (slot prev) is the floor
-                        floor_key, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, prev, rows,
-                                                      j, top_p, 7, False, CHUNKS, CHUNKS_P2)
+                        pick, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, prev, rows, j, top_p,
+                                                 PASSES - 1, False, CHUNKS, CHUNKS_P2)
+                        floor_key = threshold_key(pick, m, t, PASSES)
                 if c == 0:
                     tl.store(floor_ptr + j, floor_key)
             else:
@@ -819,8 +860,8 @@ def chain_kept_mass_kernel(
     step,                # the number of radix passes run before (the last one's slot: (step - 1) % 2)
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
-    HAS_BONUS: tl.constexpr, TREE: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_BONUS: tl.constexpr, TREE: tl.constexpr, PASSES: tl.constexpr, CHUNKS: tl.constexpr,
+    CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """A row's threshold (row_stats: top-k's, raised by top-p's and by min-p's) and its chunk's kept mass."""
     j = tl.program_id(0).to(tl.int64)
@@ -832,16 +873,19 @@ def chain_kept_mass_kernel(
     m = row_max_of_chunks(part_max_ptr, j, CHUNKS, CHUNKS_P2)
     tau = tl.full([], 0, tl.int64)
     if used & (t > 0) & (m > float("-inf")):
-        last = (step + 1) % 2  # (step - 1) % 2: top-k's and top-p's last passes share it (7 and 15)
+        # the slots of the selects' last passes: top-p's was the call's last (step - 1), top-k's the call's
+        # pass PASSES - 1 (top-k runs first; a row that skips top-p's passes writes nothing in them). A pick of
+        # an entry of the row is never 0 as z's key (z >= -inf, whose key is 0x7fffff).
         if HAS_P:
             if top_p < 1.0:
-                tau, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, last, rows, j, top_p, 7,
-                                        True, CHUNKS, CHUNKS_P2)
-                tau = tl.maximum(tau, tl.load(floor_ptr + j))
+                pick, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, (step + 1) % 2, rows, j, top_p,
+                                         PASSES - 1, True, CHUNKS, CHUNKS_P2)
+                tau = tl.maximum(threshold_key(pick, m, t, PASSES), tl.load(floor_ptr + j))
         if HAS_K:
             if (top_k > 0) & (tau == 0):  # top-k alone (top-p off for this row)
-                tau, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, last, rows, j, top_p, 7,
-                                        False, CHUNKS, CHUNKS_P2)
+                pick, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, (PASSES - 1) % 2, rows, j,
+                                         top_p, PASSES - 1, False, CHUNKS, CHUNKS_P2)
+                tau = threshold_key(pick, m, t, PASSES)
         if HAS_MIN_P:
             if min_p > 0.0:
                 tau = tl.maximum(tau, order_key(tl.log(min_p)))
