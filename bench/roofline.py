@@ -531,7 +531,7 @@ def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars
                 grid=lambda res: (batch * rows * chunks, chunks), measure=common["measure"], then=race)
 
 
-SPLIT_RADIX_BLOCK = 256  # specdec_ops/logits.py _radix_block (compiled)
+SPLIT_RADIX_BLOCK = 512  # specdec_ops/logits.py _radix_block (compiled)
 
 
 def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):

@@ -25,7 +25,7 @@ params = dict(temperature_ptr="*fp32", top_k_ptr="*i64", top_p_ptr="*fp32", min_
 flags = [dict(HAS_T=True, HAS_K=True, HAS_P=True, HAS_MIN_P=True), dict(HAS_T=False, HAS_K=False, HAS_P=False,
                                                                          HAS_MIN_P=False)]
 compile_all(process_logits_kernel, dict(logits_ptr="*bf16", probs_ptr="*fp32", rows="i32", inner="i32", vocab="i32",
-                                        **params), [dict(f, vocab=128256, PASSES=4, BLOCK=1024, RADIX_BLOCK=256) for f in flags])
+                                        **params), [dict(f, vocab=128256, PASSES=4, BLOCK=1024, RADIX_BLOCK=512) for f in flags])
 compile_all(tree_rejection_sample_logits_kernel,
             dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", tokens_ptr="*i64", parents_ptr="*i64",
                  num_nodes_ptr="*i64", seeds_ptr="*i64", offsets_ptr="*i64", token_ids_ptr="*i64",
@@ -59,7 +59,7 @@ filtered = dict(PACKED=False, HAS_T=True, HAS_K=True, HAS_P=True, HAS_MIN_P=True
 for logits, passes in (("*bf16", 4), ("*fp32", 8)):
     types = dict(split, logits_ptr=logits)
     for by_mass in (False, True):
-        check(compile_kernel(chain_radix_pass_kernel, types, dict(filtered, BY_MASS=by_mass, PASSES=passes, BLOCK=256),
+        check(compile_kernel(chain_radix_pass_kernel, types, dict(filtered, BY_MASS=by_mass, PASSES=passes, BLOCK=512),
                              num_warps=4), f"chain_radix_pass_kernel {logits} BY_MASS={by_mass}")
     check(compile_kernel(chain_kept_mass_kernel, types, dict(filtered, PASSES=passes, BLOCK=1024), num_warps=4),
           f"chain_kept_mass_kernel {logits}")

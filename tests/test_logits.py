@@ -1516,11 +1516,10 @@ def test_triton_tree_split_filters_equal_the_cpu_op(draft_probs):
 # ---------------------------------------------------------------------------------------------- radix keys
 
 
-def _order_keys_np(values):
-    """uint32 order keys (logits_math.h order_key) of float32 values, written out in numpy: the bits, -0.0 as
-    +0.0, a negative value's 31 low bits flipped, plus 2^31."""
-    v = np.asarray(values, dtype=np.float32)
-    bits = np.where(v == 0, 0, v.view(np.int32)).astype(np.int64)
+def _radix_keys_np(values):
+    """uint32 radix keys (triton_kernels/logits.py radix_key) of float32 values without NaN, written out in
+    numpy: a negative value's 31 low bits flipped, plus 2^31 (-0.0 just below +0.0)."""
+    bits = np.asarray(values, dtype=np.float32).view(np.int32).astype(np.int64)
     signed = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
     return signed + 2**31
 
@@ -1536,11 +1535,12 @@ def test_radix_passes_cover_every_bit_that_varies(dtype, passes):
     assert _radix_passes(dtype) == passes and _radix_passes(torch.float32) == 8
     values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).float().numpy()
     values = np.where(np.isnan(values), -np.inf, values)
-    keys = _order_keys_np(values)
+    keys = _radix_keys_np(values)
+    assert np.all(np.diff(keys[np.argsort(values, kind="stable")].astype(np.float64)) >= 0)  # order kept
     low_bits = 32 - 4 * passes
     low = keys & ((1 << low_bits) - 1)
     assert np.all(np.where(keys >= 2**31, low == 0, low == (1 << low_bits) - 1))
-    distinct_values = np.unique(np.where(values == 0, 0.0, values)).size
+    distinct_values = np.unique(values.view(np.int32)).size  # bit patterns (-0.0 apart from +0.0)
     assert np.unique(keys >> low_bits).size == distinct_values  # upper bits distinct per distinct value
     if passes > 1:  # one pass fewer would merge values (so the count is the fewest that works)
         assert np.unique(keys >> (low_bits + 4)).size < distinct_values

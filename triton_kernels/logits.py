@@ -48,9 +48,19 @@ def order_key(z):
 
 
 @triton.jit
+def radix_bits(raw):
+    """The radix select's key of raw logits without NaN (float32) in 32-bit arithmetic: an int32 holding the
+    uint32 key (radix_key). Two instructions: the bits xor (their sign spread, top bit set), so a negative
+    value's bits are all flipped and a non-negative one's top bit."""
+    bits = raw.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) | -2147483648)
+
+
+@triton.jit
 def radix_key(raw):
-    """The radix select's key of a raw logit (float32 as loaded): order_key with NaN as -inf and +inf kept
-    (above every finite value, also the largest float32 that logit_value makes of it).
+    """The radix select's key of a raw logit (float32 as loaded), as int64 holding a uint32: order_key's
+    order with NaN as -inf and +inf kept (above every finite value, also the largest float32 that
+    logit_value makes of it); -0.0 sits just below +0.0 (both have the same z: a tie threshold_key keeps).
 
     The selects run on these keys, not on z's: z = (logit_value(x) - m) / T is a non-decreasing function of
     x, and two entries with the same key have the same x, hence the same z. So the goal-th largest x (by
@@ -59,7 +69,14 @@ def radix_key(raw):
     which the threshold on z keeps); threshold_key turns the pick into z's key. Half-precision values widened
     to float32 leave the low bits of their keys constant (bfloat16: 16 bits, float16: 13; a negative value's
     are ones after the flip), so a select over the upper bits alone is exact: radix_passes."""
-    return order_key(tl.where(raw != raw, float("-inf"), raw))
+    return radix_bits(tl.where(raw != raw, float("-inf"), raw)).to(tl.int64) & 0xFFFFFFFF
+
+
+@triton.jit
+def signed_key(z):
+    """order_key(z) - 2^31 as int32 (the signed order of the keys: comparisons in 32-bit arithmetic)."""
+    bits = tl.where(z == 0.0, 0, z.to(tl.int32, bitcast=True))
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
 @triton.jit
@@ -120,8 +137,8 @@ def radix_histogram(row_ptr, lo, vocab, m, temperature, floor_key, prefix, shift
     `shift` equal prefix's (all entries when shift = 28) and, BY_MASS, whose z has a key >= floor_key (top-p
     after top-k: top-k's threshold; a select by count has no floor: top-k runs first, and it reads neither z
     nor the temperature). Tiles of TILE entries add their one-hot [TILE, 16] into per-thread accumulators
-    (one reduction per tile: the skip test; the bins are reduced once at the end: compiled, TILE = 256 over 4
-    warps is 2 x 16 x 2 accumulators a thread); a tile without a candidate skips the one-hot (after a
+    (one reduction per tile: the skip test; the bins are reduced once at the end: compiled, TILE = 512 over 4
+    warps is 4 x 16 accumulators a thread); a tile without a candidate skips the one-hot (after a
     select's first passes few tiles hold one).
 
     BY_MASS: no counts; the masses stand in for them (a bin is taken as non-empty when it holds mass). The
@@ -133,20 +150,25 @@ def radix_histogram(row_ptr, lo, vocab, m, temperature, floor_key, prefix, shift
     probability 0 kept or not."""
     bins = tl.arange(0, RADIX_BINS)[None, :]
     acc = tl.zeros([TILE, RADIX_BINS], tl.float32)
+    # 32-bit keys in the loop: the prefix's bits as int32, the bits above the digit as a mask (0 at shift 28:
+    # the int64 shift leaves no low bits), the floor in the keys' signed order
+    prefix32 = prefix.to(tl.int32)
+    above = (tl.full([], -1, tl.int64) << (shift + RADIX_BITS)).to(tl.int32)
+    floor32 = (floor_key - 2147483648).to(tl.int32)
     for start in range(0, LENGTH, TILE):
         # [TILE, 1] columns: the entries are in the accumulators' layout from the load on (no conversion)
         idx = lo + start + tl.arange(0, TILE).to(tl.int64)[:, None]
         inside = idx < vocab
         raw = tl.load(row_ptr + idx, mask=inside, other=float("-inf")).to(tl.float32)
         raw = tl.where(raw != raw, float("-inf"), raw)  # radix_key's and logit_value's NaN, once
-        key = order_key(raw)
-        match = inside & ((key >> (shift + RADIX_BITS)) == (prefix >> (shift + RADIX_BITS)))
+        key = radix_bits(raw)
+        match = inside & (((key ^ prefix32) & above) == 0)
         if BY_MASS:
             z = scaled_tile(tl.minimum(raw, F32_MAX), m, temperature)
             if floor_key > 0:  # top-k's threshold (a branch on the row's scalar)
-                match = match & (order_key(z) >= floor_key)
+                match = match & (signed_key(z) >= floor32)
         if tl.max(tl.max(match.to(tl.int32), 1), 0) > 0:
-            digit = ((key >> shift) & (RADIX_BINS - 1)).to(tl.int32)
+            digit = (key >> shift) & (RADIX_BINS - 1)  # arithmetic shift: the digit's 4 bits are below bit 32
             if BY_MASS:
                 weight = tl.where(match, tl.exp(z), 0.0)
             else:
