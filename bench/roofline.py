@@ -443,8 +443,9 @@ def logits_cases():
     shared-memory loops count their instructions (issue time: the max read-back, the exp-sum, the race) but
     no HBM bytes and no latency trips (see the model's assumptions). Not modelled: the barrier's wait (about
     2 x LATENCY_S per pass that is not the kernel's last), shared-memory latency and bank conflicts.
-    CUDA with top-p: the same kernel's kFiltered variant, with 4 radix passes per row over the share in shared
-    memory (each charged the longest radix loop: pass 0 by mass; bin contention in the shared-memory atomics
+    CUDA with top-p: the same kernel's kFiltered variant, with 2 radix passes per row over the share in shared
+    memory (the select runs over the bf16 logits' 16-bit keys, logits_math.h radix_key; each pass charged the
+    longest radix loop: pass 0 by mass; bin contention in the shared-memory atomics
     is not modelled) and their histograms exchanged through the workspace. Triton with top-p: the split
     kernels with the radix passes between them (_logits_triton_filtered_case)."""
     cases = []
@@ -457,10 +458,10 @@ def logits_cases():
         for backend in ("cuda", "triton"):
             if backend == "cuda":
                 # Resident rows: the copy (HBM, with the max's loop kind) and the max read-back, [the radix
-                # select by mass: 4 passes], the kept mass and the race over the share in shared memory (the
+                # select by mass: 2 passes], the kept mass and the race over the share in shared memory (the
                 # race's draft-probs loads, skipped on the bonus row, are not LDS: one stream of the share).
                 phases = [("max", rows, 1), ("max", rows, 1, "smem")] + \
-                         ([("radix", 4 * rows, 1, "smem")] if top_p else []) + \
+                         ([("radix", 2 * rows, 1, "smem")] if top_p else []) + \
                          [("expsum", rows, 1, "smem"), ("race", 1, 1, "smem")]
             else:  # (the split kernels' own cases below replace these phases)
                 phases = [("expsum", rows, 1), ("race", 1, 1)]
@@ -478,7 +479,7 @@ def logits_cases():
                     # Each radix pass: every block adds its non-empty bins into the request's histogram (at most
                     # 2 KB of atomics) and reads the whole 2 KB back after the barrier; block 0 zeroes the next
                     # one (2 KB). Counted as HBM bytes although they stay in L2: an upper bound.
-                    workspace += 4 * rows * (parts * 2 * 2048 + 2048)
+                    workspace += 2 * rows * (parts * 2 * 2048 + 2048)
                 common["bytes_moved"] += batch * workspace
                 share = -(-V // 1024) * (1024 // parts) * 2  # logits_split.h split_share_bytes: 126 chunks x 128 x bf16
                 cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",

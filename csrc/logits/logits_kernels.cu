@@ -17,9 +17,10 @@
 // Chain batches run rejection_sample_logits_split_kernel instead when the device fits more than
 // one block per request: steps 1 to 4 split over several blocks per request (logits_split.h), with
 // the same outputs bit for bit (the kept mass rounds in the single-block kernel's order; argmaxes
-// and races merge exactly over any partition; the radix select's histograms add up the same counts
-// and, in some order, the same masses: the digits the single-block kernel picks, up to the order its
-// own shared-memory atomics add the masses in). Where a block's share of a row fits in shared memory
+// and races merge exactly over any partition; the radix select runs over the logits' own keys
+// (logits_math.h radix_key: 2 passes for bfloat16, 3 for float16, 4 for float32) and turns its pick into
+// z's key: the threshold the single-block kernel's select over z finds, up to the order its own
+// shared-memory atomics add the masses in). Where a block's share of a row fits in shared memory
 // beside the batch's blocks (split_share_bytes_for), the resident-row variant reads each row from HBM
 // once: the max pass copies the share into shared memory, the radix passes, the kept mass and the
 // race read it there.
@@ -879,9 +880,13 @@ __device__ __forceinline__ void split_radix_sweep(const T* src, int64_t V, float
     if (kByMass) split_add_u64(lo + run_d, hi + run_d, run_m, [](unsigned* w, unsigned x) { return atomicAdd(w, x); });
   };
   split_for_each<kShare>(src, V, c, [&](float x) {
-    const float z = kUnitT ? x - m : scaled_logit(x, m, temperature);
-    const uint32_t key = order_key(z);
-    if (key < floor_key || !radix_match(key, prefix, pass)) return;
+    const uint32_t key = radix_key(x);  // the select runs on the logits' keys (radix_threshold: z's)
+    if (!radix_match(key, prefix, pass)) return;
+    float z = 0.f;
+    if (kByMass) {  // a select by count (top-k, the first) has no floor: it reads no z
+      z = kUnitT ? x - m : scaled_logit(x, m, temperature);
+      if (order_key(z) < floor_key) return;
+    }
     const uint32_t d = radix_digit(key, pass);
     if (d != run_d) {
       flush();
@@ -895,16 +900,25 @@ __device__ __forceinline__ void split_radix_sweep(const T* src, int64_t V, float
   flush();
 }
 
-// radix_select over the request's row, split: the same digits, the same threshold.
+// Radix passes of 8 bits over the keys of logits of type T (logits_math.h radix_key): the bits that vary in
+// its values widened to float32 (bfloat16 16, float16 19, float32 32).
+template <typename T> struct RadixPasses { static constexpr int value = kRadixPasses; };
+template <> struct RadixPasses<__nv_bfloat16> { static constexpr int value = 2; };
+template <> struct RadixPasses<__half> { static constexpr int value = 3; };
+
+// radix_select's threshold over the request's row, split: a select over the logits' keys (radix_key:
+// RadixPasses<T> passes, 2 for bfloat16 where z's keys take 4), turned into z's key (radix_threshold):
+// the same threshold as the single-block kernel's select over z (the CPU kernel's), floor_key being z's.
 template <bool kByMass, bool kShare, typename T>
 __device__ uint32_t split_radix_select(const T* src, int64_t V, float m, float temperature, uint32_t floor_key,
                                        float goal, SplitCtx& c, SplitRadix& rs) {
+  constexpr int kPasses = RadixPasses<T>::value;
   if (threadIdx.x == 0) {
     rs.prefix = 0;
     rs.remaining = static_cast<int64_t>(goal);
     rs.above = 0ull;
   }
-  for (int pass = 0; pass < kRadixPasses; ++pass) {
+  for (int pass = 0; pass < kPasses; ++pass) {
     const unsigned n = c.histograms++;
     unsigned* const counts = reinterpret_cast<unsigned*>(c.hist_ws + (n % kSplitHistBuffers) * split_hist_bytes());
     unsigned long long* const mass = reinterpret_cast<unsigned long long*>(counts + kRadixBins);
@@ -943,7 +957,7 @@ __device__ uint32_t split_radix_select(const T* src, int64_t V, float m, float t
                                [&](unsigned long long total) { return split_mass_target(goal, total); });
     __syncthreads();
   }
-  const uint32_t result = rs.prefix;
+  const uint32_t result = radix_threshold(rs.prefix, kPasses, m, temperature);
   __syncthreads();  // every thread has read it before a next select resets it
   return result;
 }

@@ -122,6 +122,43 @@ SPECDEC_HD uint32_t order_key(float z) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
+// Radix key of a logit x = logit_value(l) for a select over the logits instead of z (the split CUDA
+// kernel): the order of l with NaN as -inf and +inf kept above every finite value (x = FLT_MAX stands for
+// +inf: a float32 row's genuine FLT_MAX shares its key and its z), -0.0 just below +0.0. z = (x - m) / T is
+// a non-decreasing function of x and equal keys mean equal z, so the k-th largest key is an entry with the
+// k-th largest z, and the largest key whose candidates from the top reach a mass is an entry whose z is the
+// largest z doing so (the entries whose z ties with it are the ones z's select adds); radix_threshold turns
+// the pick into z's key. Half-precision logits widened to float32 leave their keys' low bits constant
+// (bfloat16 16 bits, float16 13: zeros, flipped to ones for negative values), so a select over the upper
+// bits alone (RadixPasses in the kernels: 2 passes of 8 bits for bfloat16, 3 for float16) is exact.
+SPECDEC_HD uint32_t radix_key(float x) {
+  uint32_t bits;
+#if defined(__CUDA_ARCH__)
+  bits = x >= FLT_MAX ? 0x7f800000u : __float_as_uint(x);
+#else
+  if (x >= FLT_MAX) x = INFINITY;
+  std::memcpy(&bits, &x, sizeof bits);
+#endif
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// z's key of the entry a select over radix_key after `passes` passes picked (prefix: its key's upper
+// 8 x passes bits, the rest 0): the constant low bits restored (ones below a negative value's upper
+// bits), the logit decoded, sanitized and scaled as the entries are.
+SPECDEC_HD uint32_t radix_threshold(uint32_t prefix, int passes, float m, float temperature) {
+  const int low_bits = 32 - kRadixBits * passes;
+  uint32_t key = prefix;
+  if (!(key & 0x80000000u) && low_bits > 0) key |= (1u << low_bits) - 1u;
+  const uint32_t bits = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+  float x;
+#if defined(__CUDA_ARCH__)
+  x = __uint_as_float(bits);
+#else
+  std::memcpy(&x, &bits, sizeof x);
+#endif
+  return order_key(scaled_logit(logit_value(x), m, temperature));
+}
+
 // Key of the min-p threshold log(min_p) (min_p in (0, 1]); 0 (keeps all) when off.
 SPECDEC_HD uint32_t min_p_key(float min_p) { return min_p > 0.f ? order_key(log_f(min_p)) : 0u; }
 

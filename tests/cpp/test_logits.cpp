@@ -502,6 +502,117 @@ static void test_split_radix_select_matches_the_cpu_selection() {
   CHECK(split_select(padded, l, true, 0.8f, 0u) == order_key(zs[1]));
 }
 
+// The split kernel's select over the logits' keys (radix_key, `passes` passes), replayed as split_select
+// does, the pick turned into z's key (radix_threshold). x: the logits (logit_value applied), z their
+// scaled values; the floor (top-k's threshold under top-p) is z's.
+static uint32_t split_select_raw(const std::vector<float>& x, const std::vector<float>& z, const LogitsSplit& l,
+                                 bool by_mass, float goal, uint32_t floor_key, int passes, float m, float t) {
+  const int64_t V = static_cast<int64_t>(x.size());
+  uint32_t prefix = 0;
+  int64_t remaining = static_cast<int64_t>(goal);
+  unsigned long long above = 0, target = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    unsigned counts[kRadixBins] = {};
+    unsigned long long mass[kRadixBins] = {};
+    for (int64_t part = 0; part < l.parts; ++part) {
+      for (int64_t e = 0; e < split_share_entries(l, V); ++e) {
+        const int64_t i = split_share_entry(l, part, e);
+        if (i >= V) continue;
+        const uint32_t key = radix_key(x[static_cast<size_t>(i)]);
+        if (!radix_match(key, prefix, pass)) continue;
+        if (by_mass && order_key(z[static_cast<size_t>(i)]) < floor_key) continue;
+        counts[radix_digit(key, pass)]++;
+        mass[radix_digit(key, pass)] += split_fixed_mass(std::exp(z[static_cast<size_t>(i)]));
+      }
+    }
+    uint32_t d;
+    if (by_mass) {
+      if (pass == 0) {
+        unsigned long long total = 0;
+        for (int j = 0; j < kRadixBins; ++j) total += mass[j];
+        target = split_mass_target(goal, total);
+      }
+      d = radix_pick_mass(counts, mass, target, above);
+    } else {
+      d = radix_pick_count(counts, remaining);
+    }
+    prefix |= d << (32 - kRadixBits * (pass + 1));
+  }
+  return radix_threshold(prefix, passes, m, t);
+}
+
+static float keep_bits(float v, int low_bits) {  // v with its low mantissa bits cleared (a bfloat16 / float16 value)
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  bits &= ~((1u << low_bits) - 1u);
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+// The split kernel's select over the keys of bfloat16 (2 passes), float16 (3) and float32 (4) logits finds
+// the CPU kernel's thresholds on z: top-k, top-p, top-p above top-k, at temperatures 1, 0.7 and 1e-3 (where
+// neighbours of the type differ in probability), with ties, -inf, +inf, NaN, -0.0 and +0.0 in the rows; and
+// keeps the ties rounding makes in z (distinct logits, one z).
+static void test_split_raw_key_select_matches_the_cpu_selection() {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  const struct { int low_bits, passes; } types[] = {{16, 2}, {13, 3}, {0, 4}};
+  int checked = 0;
+  for (int trial = 0; trial < 36; ++trial) {
+    const auto type = types[trial % 3];
+    const int64_t V = trial % 2 ? 5000 : 1025;
+    const float t = trial % 4 == 0 ? 1.f : (trial % 4 == 1 ? 0.7f : (trial % 4 == 2 ? 1e-3f : 2.5f));
+    std::vector<float> x(static_cast<size_t>(V));
+    for (auto& v : x) {
+      v = trial % 5 == 4 ? -0.25f * std::floor(unit(gen) * 12.f) : 3.f * normal(gen);  // many ties
+      v = keep_bits(v, type.low_bits);
+    }
+    x[3] = -INFINITY;
+    x[7] = NAN;
+    x[11] = -0.f;
+    x[12] = 0.f;
+    if (trial % 4 == 1) x[20] = x[21] = INFINITY;  // +inf takes all the mass (every type)
+    for (auto& v : x) v = logit_value(v);
+    const float m = *std::max_element(x.begin(), x.end());
+    std::vector<float> z(x.size());
+    for (size_t i = 0; i < x.size(); ++i) z[i] = scaled_logit(x[i], m, t);
+    const LogitsSplit l = logits_split_for(vthreads_for(V), 64, 132 * 4);
+    for (const int64_t k : {int64_t{1}, int64_t{2}, int64_t{40}, V / 3, V}) {
+      std::vector<float> sorted = z;
+      std::sort(sorted.begin(), sorted.end(), [](float a, float b) { return a > b; });
+      const uint32_t tau_k = split_select_raw(x, z, l, false, static_cast<float>(k), 0u, type.passes, m, t);
+      CHECK(tau_k == order_key(sorted[static_cast<size_t>(k - 1)]));
+      CHECK(split_select_raw(x, z, l, true, 0.9f, tau_k, type.passes, m, t) == cpu_select_mass(z, 0.9f, tau_k));
+      ++checked;
+    }
+    for (const float top_p : {0.05f, 0.5f, 0.99f}) {
+      CHECK(split_select_raw(x, z, l, true, top_p, 0u, type.passes, m, t) == cpu_select_mass(z, top_p, 0u));
+      ++checked;
+    }
+  }
+  CHECK(checked == 36 * 8);
+  // Distinct bfloat16 logits with one z: next to a max of 1e10, x - m rounds away 1, 2, 3 and 4; T = 1e12
+  // leaves them probability 0.99 each. Top-k 2 keeps all four with the max (z's threshold, not the logits').
+  std::vector<float> x = {keep_bits(1e10f, 16), 1.f, 2.f, 3.f, 4.f};
+  std::vector<float> z(x.size());
+  for (size_t i = 0; i < x.size(); ++i) z[i] = scaled_logit(x[i], x[0], 1e12f);
+  CHECK(z[1] == z[4] && z[1] > -0.1f);
+  const LogitsSplit l = logits_split_for(vthreads_for(5), 1, 528);
+  const uint32_t tau = split_select_raw(x, z, l, false, 2.f, 0u, 2, x[0], 1e12f);
+  CHECK(tau == order_key(z[4]) && tau == order_key(z[1]));
+  CHECK(split_select_raw(x, z, l, true, 0.3f, 0u, 2, x[0], 1e12f) == cpu_select_mass(z, 0.3f, 0u));
+  // radix_threshold decodes every key cut to its upper bits: negative values (low bits restored as ones)
+  for (const float v : {-3.25f, -1.f, -0.f, 0.f, 0.5f, 7.75f, FLT_MAX, -INFINITY, -FLT_MAX}) {
+    for (const auto type : types) {
+      const float w = keep_bits(v, type.low_bits);
+      const int low = 32 - kRadixBits * type.passes;
+      CHECK(radix_threshold((radix_key(w) >> low) << low, type.passes, 8.f, 0.7f) ==
+            order_key(scaled_logit(w, 8.f, 0.7f)));
+    }
+  }
+}
+
 // The split kernel's 64-bit bin masses added as two 32-bit words (split_add_u64, atomicAdd on the device):
 // exact in any order, carries included, against plain 64-bit sums.
 static void test_split_two_word_mass_sums_exactly() {
@@ -546,5 +657,6 @@ int main() {
   test_engine_keyword_helpers();
   test_split_chain_kernel_replays_single_block();
   test_split_radix_select_matches_the_cpu_selection();
+  test_split_raw_key_select_matches_the_cpu_selection();
   TEST_MAIN_END();
 }
