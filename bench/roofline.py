@@ -429,8 +429,8 @@ def logits_cases():
     All accepted is the worst case in rows: verification must read every one of the K+1 rows (bf16, V x 2
     bytes each: the minimum), each row's statistics are computed, then the bonus row's race runs. Every pass
     reads the row once more: without filters (temperature 1) the max, then the kept mass; with top-p 0.9 also
-    the radix select (CUDA: 4 passes of 8 bits by mass; Triton: 4 passes of 4 bits over the bf16 logits' keys,
-    then the kept mass); then
+    the radix select over the bf16 logits' keys (CUDA: 2 passes of 8 bits by mass; Triton: 4 passes of 4 bits),
+    then the kept mass; then
     one race over the bonus row. Scalar reads: the draft's logit (and q(x) with draft probs, bf16) per draft row.
 
     CUDA without filter tensors (logits_kernels.cu rejection_sample_logits_split_kernel, its resident-row
@@ -727,7 +727,10 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False, innermost
     loads are shared-memory loads (LDS; a pass over a row a previous pass copied into shared memory).
 
     Loops are backward branches; of those holding the loads (and, for races, the Philox rounds) the innermost
-    are kept, then those with the widest loads (the vectorized path), and of several versions of one source
+    are kept (in the logits kernels' passes, a loop nested in one with wider loads is that loop's elementwise
+    tail, the piece a row's end cuts: the outer loop is kept and the tail's instructions are left out of its
+    body), then those with the
+    widest loads (the vectorized path), and of several versions of one source
     loop the one with the most load bytes when the case reads several streams, else the one with the fewest. Cold instructions are those of the
     race's log path: the largest forward-branch region around each log marker that holds no random bits and
     no loads (the path an entry takes only when it may still win, or when a race is still empty). A shared-memory
@@ -772,7 +775,11 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False, innermost
             continue
         widest = max(load_bytes(x, smem) for x in body)
         cands.append((lo, hi, sum(load_bytes(x, smem) for x in body if load_bytes(x, smem) == widest), widest))
-    inner = [c for c in cands if not any(o is not c and c[0] <= o[0] and o[1] <= c[1] for o in cands)]
+    # The innermost candidates, where a loop nested in another with narrower loads is not the hot one: the
+    # elementwise loop over the piece a row's end cuts, inside the loop over 16-byte pieces (split_for_each).
+    scan = kind in ("max", "expsum", "radix")  # (a race's nested loops are its exact paths: innermost kept)
+    inner = [c for c in cands
+             if not any(o is not c and c[0] <= o[0] and o[1] <= c[1] and (o[3] >= c[3] or not scan) for o in cands)]
     if not inner:
         return None
     widest = max(c[3] for c in inner)
@@ -791,8 +798,17 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False, innermost
         lo, hi = max(inner, key=lambda c: (c[1] - c[0], c[0]))[:2]  # the longest: an upper bound
     else:
         lo, hi = (max if streams > 1 else min)(inner, key=lambda c: (c[2], c[0]))[:2]
+    # Loops nested in the chosen one with narrower loads (that tail) run once a row, not per trip: not counted.
+    tails = set()
+    widest_here = max(load_bytes(x, smem) for _, x in sass[lo:hi + 1])
+    for a, b in set(loops) if scan else ():
+        if (a, b) != (lo, hi) and lo <= a and b <= hi and \
+                max((load_bytes(x, smem) for _, x in sass[a:b + 1]), default=0) < widest_here:
+            tails.update(range(a, b + 1))
     cold = set()
     for j in range(lo, hi + 1):
+        if j in tails:
+            continue
         if not any(m in sass[j][1] for m in _LOG_MARKERS):
             continue
         best = None
@@ -807,8 +823,8 @@ def hot_loop(sass, kind, streams, elem_bytes=4, pick=None, smem=False, innermost
                 if best is None or (size < best[1] - best[0] if innermost else size > best[1] - best[0]):
                     best = region
         if best is not None:
-            cold.update(range(*best))
-    return [ins for _, ins in sass[lo:hi + 1]], len(cold)
+            cold.update(k for k in range(*best) if k not in tails)
+    return [ins for k, (_, ins) in enumerate(sass[lo:hi + 1], lo) if k not in tails], len(cold)
 
 
 # ----------------------------------------------------------------------------------------------------------

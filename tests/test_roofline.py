@@ -139,6 +139,29 @@ def test_logits_loop_kinds_tell_max_exp_sum_and_histogram_apart():
         assert roofline.hot_loop(hist, "expsum", 1) is None and roofline.hot_loop(hist, "max", 1) is None
 
 
+def test_a_pass_over_pieces_is_read_off_the_loop_over_pieces_not_its_nested_tail():
+    # split_for_each: a loop over 16-byte pieces (LDS.128) with, nested in it, the elementwise loop over the
+    # piece a row's end cuts (LDS.U16). The hot loop is the outer one, without the tail's instructions.
+    sass = [(0x00, "MOV R1, R2"),
+            (0x10, "LDS.128 R4, [R2]"),                       # the loop over pieces
+            (0x20, "@P0 BRA 0x80"),                           # a whole piece: skip the tail
+            (0x30, "LDS.U16 R9, [R3]"),                       # the tail, entry by entry
+            (0x40, "MUFU.EX2 R6, R9"),
+            (0x50, "ATOMS.ADD RZ, [R8], R9"),
+            (0x60, "@P2 BRA 0x30"),                           # the tail's back edge
+            (0x70, "BRA 0xb0"),
+            (0x80, "MUFU.EX2 R6, R4"),
+            (0x90, "ATOMS.ADD RZ, [R8], R6"),
+            (0xa0, "IADD3 R2, R2, 0x10, RZ"),
+            (0xb0, "@P1 BRA 0x10"),                           # the pieces' back edge
+            (0xc0, "EXIT")]
+    body, cold = roofline.hot_loop(sass, "radix", 1, elem_bytes=2, smem=True)
+    assert body[0] == "LDS.128 R4, [R2]" and len(body) == 7 and not any("LDS.U16" in x for x in body)
+    # a race's nested loops are its exact paths: there the innermost still counts
+    race = [(a, x.replace("MUFU.EX2 R6, R9", "IMAD.WIDE.U32 R8, R8, -0x2daee0ad, RZ")) for a, x in sass]
+    assert any("LDS.U16" in x for x in roofline.hot_loop(race, "race", 1, elem_bytes=2, smem=True)[0])
+
+
 def test_logits_cases_count_every_pass_over_the_rows():
     cases = {c.name: c for c in roofline.logits_cases()}
     row = roofline.V * 2  # bf16

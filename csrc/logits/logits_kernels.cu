@@ -824,11 +824,12 @@ struct SplitRadix {
   unsigned long long target;
 };
 
-// f(x) for every entry x (logit_value applied) of this block's part of the row: its share (kShare:
-// 16-byte pieces of E entries, whole pieces of one slice and so consecutive entries of the row), else
-// its vocab_part groups of the row, one entry per thread in turn.
-template <bool kShare, typename T, typename F>
+// f(x) for every entry x (logit_value applied; kRaw: as read, widened to float) of this block's part of the
+// row: its share (kShare: 16-byte pieces of E entries, whole pieces of one slice and so consecutive entries
+// of the row), else its vocab_part groups of the row, one entry per thread in turn.
+template <bool kShare, bool kRaw = false, typename T, typename F>
 __device__ __forceinline__ void split_for_each(const T* __restrict__ src, int64_t V, const SplitCtx& c, F&& f) {
+  const auto value = [](T h) { return kRaw ? to_float(h) : logit_value(to_float(h)); };
   if constexpr (kShare) {
     constexpr int E = 16 / sizeof(T);
     const int slice = static_cast<int>(split_share_slice(c.l));
@@ -842,15 +843,15 @@ __device__ __forceinline__ void split_for_each(const T* __restrict__ src, int64_
         const uint4 v = *reinterpret_cast<const uint4*>(src + q * E);
         const T* h = reinterpret_cast<const T*>(&v);
 #pragma unroll
-        for (int j = 0; j < E; ++j) f(logit_value(to_float(h[j])));
+        for (int j = 0; j < E; ++j) f(value(h[j]));
       } else {
-        for (int j = 0; i0 + j < V; ++j) f(logit_value(to_float(src[q * E + j])));  // the piece the row's end cuts
+        for (int j = 0; i0 + j < V; ++j) f(value(src[q * E + j]));  // the piece the row's end cuts
       }
     }
   } else {
     const GroupRange range = vocab_part(V, c.l.parts, c.part);
     const int64_t end = 4 * range.end < V ? 4 * range.end : V;
-    for (int64_t i = 4 * range.begin + threadIdx.x; i < end; i += blockDim.x) f(load_logit(src, i));
+    for (int64_t i = 4 * range.begin + threadIdx.x; i < end; i += blockDim.x) f(value(src[i]));
   }
 }
 
@@ -859,7 +860,7 @@ __device__ __forceinline__ void split_for_each(const T* __restrict__ src, int64_
 __device__ __forceinline__ unsigned* split_mass_lo(SplitRadix& rs) { return reinterpret_cast<unsigned*>(rs.mass); }
 __device__ __forceinline__ unsigned* split_mass_hi(SplitRadix& rs) { return split_mass_lo(rs) + kRadixBins; }
 
-// One pass's histogram of this block's candidates (key >= floor_key, sharing the digits chosen so far).
+// One pass's histogram of this block's candidates (z >= z_floor, sharing the digits chosen so far).
 // A thread adds up runs of consecutive candidates in one bin in registers and adds a run with one
 // atomic per histogram: rows concentrate in a few bins (most of all in pass 0). Masses go in as two
 // native 32-bit adds (split_add_u64), not a 64-bit add, which in shared memory is a compare-and-swap loop
@@ -867,7 +868,7 @@ __device__ __forceinline__ unsigned* split_mass_hi(SplitRadix& rs) { return spli
 // kernel measured 715 us per call on an H200 with it (B=64 K=4 V=128256, top-p 0.9).
 template <bool kByMass, bool kShare, bool kUnitT, typename T>
 __device__ __forceinline__ void split_radix_sweep(const T* src, int64_t V, float m, float temperature,
-                                                  uint32_t floor_key, uint32_t prefix, int pass, const SplitCtx& c,
+                                                  float z_floor, uint32_t prefix, int pass, const SplitCtx& c,
                                                   SplitRadix& rs) {
   uint32_t run_d = 0;
   unsigned run_n = 0;
@@ -879,13 +880,15 @@ __device__ __forceinline__ void split_radix_sweep(const T* src, int64_t V, float
     atomicAdd(&rs.counts[run_d], run_n);
     if (kByMass) split_add_u64(lo + run_d, hi + run_d, run_m, [](unsigned* w, unsigned x) { return atomicAdd(w, x); });
   };
-  split_for_each<kShare>(src, V, c, [&](float x) {
-    const uint32_t key = radix_key(x);  // the select runs on the logits' keys (radix_threshold: z's)
+  split_for_each<kShare, true>(src, V, c, [&](float l) {
+    // the select runs on the logits' keys (radix_threshold: z's), made from the bits as read
+    const uint32_t key = radix_key_raw<std::is_same<T, float>::value>(l);
     if (!radix_match(key, prefix, pass)) return;
     float z = 0.f;
     if (kByMass) {  // a select by count (top-k, the first) has no floor: it reads no z
+      const float x = logit_value(l);
       z = kUnitT ? x - m : scaled_logit(x, m, temperature);
-      if (order_key(z) < floor_key) return;
+      if (z < z_floor) return;  // order_key(z) < floor_key (z is no NaN: m is finite)
     }
     const uint32_t d = radix_digit(key, pass);
     if (d != run_d) {
@@ -913,6 +916,7 @@ template <bool kByMass, bool kShare, typename T>
 __device__ uint32_t split_radix_select(const T* src, int64_t V, float m, float temperature, uint32_t floor_key,
                                        float goal, SplitCtx& c, SplitRadix& rs) {
   constexpr int kPasses = RadixPasses<T>::value;
+  const float z_floor = floor_key == 0u ? -INFINITY : order_key_value(floor_key);
   if (threadIdx.x == 0) {
     rs.prefix = 0;
     rs.remaining = static_cast<int64_t>(goal);
@@ -934,9 +938,9 @@ __device__ uint32_t split_radix_select(const T* src, int64_t V, float m, float t
     __syncthreads();
     const uint32_t prefix = rs.prefix;
     if (temperature == 1.f)
-      split_radix_sweep<kByMass, kShare, true>(src, V, m, temperature, floor_key, prefix, pass, c, rs);
+      split_radix_sweep<kByMass, kShare, true>(src, V, m, temperature, z_floor, prefix, pass, c, rs);
     else
-      split_radix_sweep<kByMass, kShare, false>(src, V, m, temperature, floor_key, prefix, pass, c, rs);
+      split_radix_sweep<kByMass, kShare, false>(src, V, m, temperature, z_floor, prefix, pass, c, rs);
     __syncthreads();
     for (int d = threadIdx.x; d < kRadixBins; d += blockDim.x) {
       const unsigned k = rs.counts[d];

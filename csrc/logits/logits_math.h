@@ -142,6 +142,35 @@ SPECDEC_HD uint32_t radix_key(float x) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
+// radix_key(logit_value(l)) from the bits of l as read (widened to float32, NaN and +inf as they come): the
+// sign flip, NaN to -inf's key and, for float32 rows (kFloat32), FLT_MAX to +inf's (16-bit types have no
+// FLT_MAX). Integer instructions on the bits the widening makes, where radix_key needs logit_value first.
+template <bool kFloat32>
+SPECDEC_HD uint32_t radix_key_raw(float l) {
+  uint32_t b;
+#if defined(__CUDA_ARCH__)
+  b = __float_as_uint(l);
+#else
+  std::memcpy(&b, &l, sizeof b);
+#endif
+  if (kFloat32 && b == 0x7f7fffffu) b = 0x7f800000u;
+  const uint32_t key = b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);
+  return (b & 0x7fffffffu) > 0x7f800000u ? 0x007fffffu : key;
+}
+
+// The float whose order_key is `key` (-0.0 comes back as +0.0, whose key it shares): for a non-NaN z,
+// z < order_key_value(k) exactly when order_key(z) < k.
+SPECDEC_HD float order_key_value(uint32_t key) {
+  const uint32_t bits = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+#endif
+}
+
 // z's key of the entry a select over radix_key after `passes` passes picked (prefix: its key's upper
 // 8 x passes bits, the rest 0): the constant low bits restored (ones below a negative value's upper
 // bits), the logit decoded, sanitized and scaled as the entries are.
@@ -149,14 +178,7 @@ SPECDEC_HD uint32_t radix_threshold(uint32_t prefix, int passes, float m, float 
   const int low_bits = 32 - kRadixBits * passes;
   uint32_t key = prefix;
   if (!(key & 0x80000000u) && low_bits > 0) key |= (1u << low_bits) - 1u;
-  const uint32_t bits = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
-  float x;
-#if defined(__CUDA_ARCH__)
-  x = __uint_as_float(bits);
-#else
-  std::memcpy(&x, &bits, sizeof x);
-#endif
-  return order_key(scaled_logit(logit_value(x), m, temperature));
+  return order_key(scaled_logit(logit_value(order_key_value(key)), m, temperature));
 }
 
 // Key of the min-p threshold log(min_p) (min_p in (0, 1]); 0 (keeps all) when off.

@@ -502,12 +502,14 @@ static void test_split_radix_select_matches_the_cpu_selection() {
   CHECK(split_select(padded, l, true, 0.8f, 0u) == order_key(zs[1]));
 }
 
-// The split kernel's select over the logits' keys (radix_key, `passes` passes), replayed as split_select
-// does, the pick turned into z's key (radix_threshold). x: the logits (logit_value applied), z their
-// scaled values; the floor (top-k's threshold under top-p) is z's.
-static uint32_t split_select_raw(const std::vector<float>& x, const std::vector<float>& z, const LogitsSplit& l,
+// The split kernel's select over the logits' keys (radix_key_raw, `passes` passes: 4 for float32 rows),
+// replayed as split_select does, the pick turned into z's key (radix_threshold). r: the logits as read
+// (NaN, +inf), z their scaled values (logit_value applied); the floor (top-k's threshold under top-p) is
+// z's, tested as the kernel does (z < order_key_value(floor_key)).
+static uint32_t split_select_raw(const std::vector<float>& r, const std::vector<float>& z, const LogitsSplit& l,
                                  bool by_mass, float goal, uint32_t floor_key, int passes, float m, float t) {
-  const int64_t V = static_cast<int64_t>(x.size());
+  const int64_t V = static_cast<int64_t>(r.size());
+  const float z_floor = floor_key == 0u ? -INFINITY : order_key_value(floor_key);
   uint32_t prefix = 0;
   int64_t remaining = static_cast<int64_t>(goal);
   unsigned long long above = 0, target = 0;
@@ -518,9 +520,10 @@ static uint32_t split_select_raw(const std::vector<float>& x, const std::vector<
       for (int64_t e = 0; e < split_share_entries(l, V); ++e) {
         const int64_t i = split_share_entry(l, part, e);
         if (i >= V) continue;
-        const uint32_t key = radix_key(x[static_cast<size_t>(i)]);
+        const float ri = r[static_cast<size_t>(i)];
+        const uint32_t key = passes == 4 ? radix_key_raw<true>(ri) : radix_key_raw<false>(ri);
         if (!radix_match(key, prefix, pass)) continue;
-        if (by_mass && order_key(z[static_cast<size_t>(i)]) < floor_key) continue;
+        if (by_mass && z[static_cast<size_t>(i)] < z_floor) continue;
         counts[radix_digit(key, pass)]++;
         mass[radix_digit(key, pass)] += split_fixed_mass(std::exp(z[static_cast<size_t>(i)]));
       }
@@ -549,6 +552,56 @@ static float keep_bits(float v, int low_bits) {  // v with its low mantissa bits
   return v;
 }
 
+static float half_bits_to_float(uint32_t h) {  // a float16 value, widened
+  const uint32_t e = (h >> 10) & 0x1fu, f = h & 0x3ffu;
+  float v;
+  if (e == 0)
+    v = std::ldexp(static_cast<float>(f), -24);
+  else if (e == 31)
+    v = f != 0 ? NAN : INFINITY;
+  else
+    v = std::ldexp(static_cast<float>(f | 0x400u), static_cast<int>(e) - 25);
+  return (h & 0x8000u) ? -v : v;
+}
+
+static float float_of_bits(uint32_t bits) {
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+// radix_key_raw, from the bits as read, equals radix_key of the logit_value for every bfloat16 and float16
+// value (NaNs, infinities, zeros, subnormals) and for float32's specials and random bit patterns (FLT_MAX:
+// +inf's key); order_key_value inverts order_key so that the split kernel's floor, z < order_key_value(k),
+// is the key compare order_key(z) < k for every z that is no NaN.
+static void test_radix_key_from_the_bits_as_read() {
+  int wrong = 0;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float b = float_of_bits(h << 16), f = half_bits_to_float(h);
+    wrong += radix_key_raw<false>(b) != radix_key(logit_value(b));
+    wrong += radix_key_raw<false>(f) != radix_key(logit_value(f));
+  }
+  CHECK(wrong == 0);
+  CHECK(radix_key_raw<false>(half_bits_to_float(0x7c01u)) == radix_key(-INFINITY));  // a float16 NaN: -inf
+  std::vector<float> values = {FLT_MAX, -FLT_MAX, INFINITY, -INFINITY, NAN, -NAN, 0.f, -0.f, FLT_MIN, -FLT_MIN,
+                               float_of_bits(1u), float_of_bits(0x80000001u), 1.f, -1.f};
+  std::mt19937 gen(17);
+  for (int i = 0; i < 100000; ++i) values.push_back(float_of_bits(static_cast<uint32_t>(gen())));
+  for (const float v : values) wrong += radix_key_raw<true>(v) != radix_key(logit_value(v));
+  CHECK(wrong == 0);
+  CHECK(radix_key_raw<true>(FLT_MAX) == radix_key_raw<true>(INFINITY));
+  std::vector<float> finite;
+  for (const float v : values)
+    if (v == v) finite.push_back(v);
+  for (size_t i = 0; i < finite.size(); ++i) {
+    const float z = finite[i], w = finite[(i * 7919u + 13u) % finite.size()];
+    wrong += (z < order_key_value(order_key(w))) != (order_key(z) < order_key(w));
+    wrong += (z < order_key_value(order_key(z))) || (z < order_key_value(order_key(z) + 1u)) != (z != INFINITY);
+  }
+  CHECK(wrong == 0);
+  CHECK(order_key_value(order_key(-0.f)) == 0.f && !std::signbit(order_key_value(order_key(-0.f))));
+}
+
 // The split kernel's select over the keys of bfloat16 (2 passes), float16 (3) and float32 (4) logits finds
 // the CPU kernel's thresholds on z: top-k, top-p, top-p above top-k, at temperatures 1, 0.7 and 1e-3 (where
 // neighbours of the type differ in probability), with ties, -inf, +inf, NaN, -0.0 and +0.0 in the rows; and
@@ -573,6 +626,8 @@ static void test_split_raw_key_select_matches_the_cpu_selection() {
     x[11] = -0.f;
     x[12] = 0.f;
     if (trial % 4 == 1) x[20] = x[21] = INFINITY;  // +inf takes all the mass (every type)
+    if (trial % 4 == 3 && type.low_bits == 0) x[22] = FLT_MAX;  // a float32 row's FLT_MAX: +inf's key
+    const std::vector<float> raw = x;
     for (auto& v : x) v = logit_value(v);
     const float m = *std::max_element(x.begin(), x.end());
     std::vector<float> z(x.size());
@@ -581,13 +636,13 @@ static void test_split_raw_key_select_matches_the_cpu_selection() {
     for (const int64_t k : {int64_t{1}, int64_t{2}, int64_t{40}, V / 3, V}) {
       std::vector<float> sorted = z;
       std::sort(sorted.begin(), sorted.end(), [](float a, float b) { return a > b; });
-      const uint32_t tau_k = split_select_raw(x, z, l, false, static_cast<float>(k), 0u, type.passes, m, t);
+      const uint32_t tau_k = split_select_raw(raw, z, l, false, static_cast<float>(k), 0u, type.passes, m, t);
       CHECK(tau_k == order_key(sorted[static_cast<size_t>(k - 1)]));
-      CHECK(split_select_raw(x, z, l, true, 0.9f, tau_k, type.passes, m, t) == cpu_select_mass(z, 0.9f, tau_k));
+      CHECK(split_select_raw(raw, z, l, true, 0.9f, tau_k, type.passes, m, t) == cpu_select_mass(z, 0.9f, tau_k));
       ++checked;
     }
     for (const float top_p : {0.05f, 0.5f, 0.99f}) {
-      CHECK(split_select_raw(x, z, l, true, top_p, 0u, type.passes, m, t) == cpu_select_mass(z, top_p, 0u));
+      CHECK(split_select_raw(raw, z, l, true, top_p, 0u, type.passes, m, t) == cpu_select_mass(z, top_p, 0u));
       ++checked;
     }
   }
@@ -657,6 +712,7 @@ int main() {
   test_engine_keyword_helpers();
   test_split_chain_kernel_replays_single_block();
   test_split_radix_select_matches_the_cpu_selection();
+  test_radix_key_from_the_bits_as_read();
   test_split_raw_key_select_matches_the_cpu_selection();
   TEST_MAIN_END();
 }
