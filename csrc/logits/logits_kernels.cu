@@ -653,18 +653,19 @@ __device__ __forceinline__ ArgMax split_max_share(const T* __restrict__ row, int
 
 // Pass: split_sum_sweep over the share: virtual thread part * slice + o reads positions o,
 // slice + o, ... (its entries o + part * slice, + vthreads, ...) in the same order and grouping.
-// kTau: only entries with key >= tau count (rows with filters); a skipped entry adds 0, which leaves
+// kTau: only entries with key >= tau count (rows with filters), tested as z >= z_tau (z_tau: split_sum;
+// z is no NaN, m being finite: the same entries, one float compare); a skipped entry adds 0, which leaves
 // the sum as the single-block kernel's skip does (every term is >= 0).
 template <bool kUnitT, bool kTau>
-__device__ __forceinline__ float kept_exp(float x, float m, float temperature, uint32_t tau) {
+__device__ __forceinline__ float kept_exp(float x, float m, float temperature, float z_tau) {
   const float z = kUnitT ? x - m : scaled_logit(x, m, temperature);
-  if constexpr (kTau) return order_key(z) >= tau ? sum_exp_f(z) : 0.f;
+  if constexpr (kTau) return z >= z_tau ? sum_exp_f(z) : 0.f;
   return sum_exp_f(z);
 }
 
 template <int kVThreads, bool kUnitT, bool kTau, typename T>
 __device__ __forceinline__ void split_sum_share_sweep(const T* __restrict__ share, int64_t V, float m,
-                                                      float temperature, uint32_t tau, const SplitCtx& c,
+                                                      float temperature, float z_tau, const SplitCtx& c,
                                                       float* vsum) {
   constexpr int U = 16;  // entries of one virtual thread in flight
   const int64_t vthreads = kVThreads ? kVThreads : c.l.vthreads;
@@ -681,11 +682,11 @@ __device__ __forceinline__ void split_sum_share_sweep(const T* __restrict__ shar
 #pragma unroll
       for (int k = 0; k < U; ++k) x[k] = logit_value(to_float(src[(j + k) * slice]));
 #pragma unroll
-      for (int k = 0; k < U; ++k) s += kept_exp<kUnitT, kTau>(x[k], m, temperature, tau);
+      for (int k = 0; k < U; ++k) s += kept_exp<kUnitT, kTau>(x[k], m, temperature, z_tau);
     }
     for (; j < n; ++j) {
       const float x = logit_value(to_float(src[j * slice]));
-      s += kept_exp<kUnitT, kTau>(x, m, temperature, tau);
+      s += kept_exp<kUnitT, kTau>(x, m, temperature, z_tau);
     }
     s = split_warp_sum(s);
     if ((threadIdx.x & 31) == 0) vsum[first >> 5] = s;
@@ -728,7 +729,7 @@ __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_r
 // kUnitT: temperature 1, where (x - m) / 1 is x - m exactly: the division is left out.
 template <int kVThreads, bool kUnitT, bool kTau, typename T>
 __device__ __forceinline__ void split_sum_sweep(const T* __restrict__ row, int64_t V, float m, float temperature,
-                                                uint32_t tau, const SplitCtx& c, float* vsum) {
+                                                float z_tau, const SplitCtx& c, float* vsum) {
   constexpr int U = 16;  // entries of one virtual thread in flight
   const int64_t vthreads = kVThreads ? kVThreads : c.l.vthreads;
   for (int h = 0; h < c.l.per_thread; ++h) {
@@ -740,11 +741,11 @@ __device__ __forceinline__ void split_sum_sweep(const T* __restrict__ row, int64
 #pragma unroll
       for (int k = 0; k < U; ++k) x[k] = load_logit(row, i + k * vthreads);
 #pragma unroll
-      for (int k = 0; k < U; ++k) s += kept_exp<kUnitT, kTau>(x[k], m, temperature, tau);
+      for (int k = 0; k < U; ++k) s += kept_exp<kUnitT, kTau>(x[k], m, temperature, z_tau);
     }
     for (; i < V; i += vthreads) {
       const float x = load_logit(row, i);
-      s += kept_exp<kUnitT, kTau>(x, m, temperature, tau);
+      s += kept_exp<kUnitT, kTau>(x, m, temperature, z_tau);
     }
     s = split_warp_sum(s);
     if ((threadIdx.x & 31) == 0) vsum[(first + threadIdx.x) >> 5] = s;
@@ -757,11 +758,12 @@ template <bool kShare, bool kTau = false, typename T>
 __device__ __forceinline__ float split_sum(const T* src, int64_t V, float m, float temperature, SplitCtx& c,
                                            SplitShared& sh, uint32_t tau = 0u) {
   float* buf = split_next_buffer(c);
+  const float z_tau = tau == 0u ? -INFINITY : order_key_value(tau);  // order_key(z) >= tau: z >= z_tau
   const auto sweep = [&](auto vthreads, auto unit_t) {
     constexpr int kV = decltype(vthreads)::value;
     constexpr bool kU = decltype(unit_t)::value;
-    if constexpr (kShare) split_sum_share_sweep<kV, kU, kTau>(src, V, m, temperature, tau, c, buf);
-    else split_sum_sweep<kV, kU, kTau>(src, V, m, temperature, tau, c, buf);
+    if constexpr (kShare) split_sum_share_sweep<kV, kU, kTau>(src, V, m, temperature, z_tau, c, buf);
+    else split_sum_sweep<kV, kU, kTau>(src, V, m, temperature, z_tau, c, buf);
   };
   using Full = std::integral_constant<int, kMaxThreads>;
   using Any = std::integral_constant<int, 0>;
