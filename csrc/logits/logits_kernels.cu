@@ -758,7 +758,7 @@ template <bool kShare, bool kTau = false, typename T>
 __device__ __forceinline__ float split_sum(const T* src, int64_t V, float m, float temperature, SplitCtx& c,
                                            SplitShared& sh, uint32_t tau = 0u) {
   float* buf = split_next_buffer(c);
-  const float z_tau = tau == 0u ? -INFINITY : order_key_value(tau);  // order_key(z) >= tau: z >= z_tau
+  const float z_tau = kept_floor(tau);  // order_key(z) >= tau: z >= z_tau
   const auto sweep = [&](auto vthreads, auto unit_t) {
     constexpr int kV = decltype(vthreads)::value;
     constexpr bool kU = decltype(unit_t)::value;
@@ -918,7 +918,7 @@ template <bool kByMass, bool kShare, typename T>
 __device__ uint32_t split_radix_select(const T* src, int64_t V, float m, float temperature, uint32_t floor_key,
                                        float goal, SplitCtx& c, SplitRadix& rs) {
   constexpr int kPasses = RadixPasses<T>::value;
-  const float z_floor = floor_key == 0u ? -INFINITY : order_key_value(floor_key);
+  const float z_floor = kept_floor(floor_key);
   if (threadIdx.x == 0) {
     rs.prefix = 0;
     rs.remaining = static_cast<int64_t>(goal);

@@ -171,6 +171,10 @@ SPECDEC_HD float order_key_value(uint32_t key) {
 #endif
 }
 
+// The float a kept z reaches under the threshold key tau: for a z that is no NaN, order_key(z) >= tau exactly
+// when z >= kept_floor(tau) (tau 0 keeps every entry: -inf).
+SPECDEC_HD float kept_floor(uint32_t tau) { return tau == 0u ? -INFINITY : order_key_value(tau); }
+
 // z's key of the entry a select over radix_key after `passes` passes picked (prefix: its key's upper
 // 8 x passes bits, the rest 0): the constant low bits restored (ones below a negative value's upper
 // bits), the logit decoded, sanitized and scaled as the entries are.

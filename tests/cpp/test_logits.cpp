@@ -509,7 +509,7 @@ static void test_split_radix_select_matches_the_cpu_selection() {
 static uint32_t split_select_raw(const std::vector<float>& r, const std::vector<float>& z, const LogitsSplit& l,
                                  bool by_mass, float goal, uint32_t floor_key, int passes, float m, float t) {
   const int64_t V = static_cast<int64_t>(r.size());
-  const float z_floor = floor_key == 0u ? -INFINITY : order_key_value(floor_key);
+  const float z_floor = kept_floor(floor_key);
   uint32_t prefix = 0;
   int64_t remaining = static_cast<int64_t>(goal);
   unsigned long long above = 0, target = 0;
@@ -572,8 +572,9 @@ static float float_of_bits(uint32_t bits) {
 
 // radix_key_raw, from the bits as read, equals radix_key of the logit_value for every bfloat16 and float16
 // value (NaNs, infinities, zeros, subnormals) and for float32's specials and random bit patterns (FLT_MAX:
-// +inf's key); order_key_value inverts order_key so that the split kernel's floor, z < order_key_value(k),
-// is the key compare order_key(z) < k for every z that is no NaN.
+// +inf's key); order_key_value inverts order_key so that the CUDA kernels' float compares, z < kept_floor(k)
+// for the floor and z >= kept_floor(tau) for the kept set, are the key compares order_key(z) < k and
+// order_key(z) >= tau for every z that is no NaN (tau 0: every z).
 static void test_radix_key_from_the_bits_as_read() {
   int wrong = 0;
   for (uint32_t h = 0; h < 65536; ++h) {
@@ -596,6 +597,8 @@ static void test_radix_key_from_the_bits_as_read() {
   for (size_t i = 0; i < finite.size(); ++i) {
     const float z = finite[i], w = finite[(i * 7919u + 13u) % finite.size()];
     wrong += (z < order_key_value(order_key(w))) != (order_key(z) < order_key(w));
+    wrong += (z >= kept_floor(order_key(w))) != (order_key(z) >= order_key(w));
+    wrong += !(z >= kept_floor(0u));  // tau 0 keeps every entry
     wrong += (z < order_key_value(order_key(z))) || (z < order_key_value(order_key(z) + 1u)) != (z != INFINITY);
   }
   CHECK(wrong == 0);
