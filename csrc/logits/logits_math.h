@@ -108,16 +108,32 @@ SPECDEC_HD float log_f(float z) {
 #endif
 }
 
+// The bits of a float, and the float of some bits.
+SPECDEC_HD uint32_t float_bits(float v) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(v);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+#endif
+}
+
+SPECDEC_HD float bits_float(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+#endif
+}
+
 // Order-preserving key of a float (no NaN): a < b  <=>  order_key(a) < order_key(b),
 // and -0.0 has the key of +0.0. Non-negative floats set the top bit, negative ones
 // are bit-inverted (larger magnitude -> smaller key).
 SPECDEC_HD uint32_t order_key(float z) {
-  uint32_t bits;
-#if defined(__CUDA_ARCH__)
-  bits = __float_as_uint(z);
-#else
-  std::memcpy(&bits, &z, sizeof bits);
-#endif
+  uint32_t bits = float_bits(z);
   if (bits == 0x80000000u) bits = 0u;
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
@@ -132,13 +148,7 @@ SPECDEC_HD uint32_t order_key(float z) {
 // (bfloat16 16 bits, float16 13: zeros, flipped to ones for negative values), so a select over the upper
 // bits alone (RadixPasses in the kernels: 2 passes of 8 bits for bfloat16, 3 for float16) is exact.
 SPECDEC_HD uint32_t radix_key(float x) {
-  uint32_t bits;
-#if defined(__CUDA_ARCH__)
-  bits = x >= FLT_MAX ? 0x7f800000u : __float_as_uint(x);
-#else
-  if (x >= FLT_MAX) x = INFINITY;
-  std::memcpy(&bits, &x, sizeof bits);
-#endif
+  const uint32_t bits = x >= FLT_MAX ? 0x7f800000u : float_bits(x);
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
@@ -147,12 +157,7 @@ SPECDEC_HD uint32_t radix_key(float x) {
 // FLT_MAX). Integer instructions on the bits the widening makes, where radix_key needs logit_value first.
 template <bool kFloat32>
 SPECDEC_HD uint32_t radix_key_raw(float l) {
-  uint32_t b;
-#if defined(__CUDA_ARCH__)
-  b = __float_as_uint(l);
-#else
-  std::memcpy(&b, &l, sizeof b);
-#endif
+  uint32_t b = float_bits(l);
   if (kFloat32 && b == 0x7f7fffffu) b = 0x7f800000u;
   const uint32_t key = b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);
   return (b & 0x7fffffffu) > 0x7f800000u ? 0x007fffffu : key;
@@ -161,14 +166,7 @@ SPECDEC_HD uint32_t radix_key_raw(float l) {
 // The float whose order_key is `key` (-0.0 comes back as +0.0, whose key it shares): for a non-NaN z,
 // z < order_key_value(k) exactly when order_key(z) < k.
 SPECDEC_HD float order_key_value(uint32_t key) {
-  const uint32_t bits = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-#endif
+  return bits_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
 // The float a kept z reaches under the threshold key tau: for a z that is no NaN, order_key(z) >= tau exactly

@@ -408,6 +408,19 @@ static void test_split_chain_kernel_replays_single_block() {
   CHECK(logits_split_for(64, 8, 528).threads == 64 && logits_split_for(64, 8, 528).parts == 1);
 }
 
+// One pass's digit from the request's whole histogram, as the kernels' radix_pick_step picks it: by count
+// (remaining: the goal's rank), or by mass (target set from pass 0's total, above: the mass above the bin).
+static uint32_t replay_pick(const unsigned* counts, const unsigned long long* mass, bool by_mass, float goal, int pass,
+                            unsigned long long& target, unsigned long long& above, int64_t& remaining) {
+  if (!by_mass) return radix_pick_count(counts, remaining);
+  if (pass == 0) {
+    unsigned long long total = 0;
+    for (int j = 0; j < kRadixBins; ++j) total += mass[j];
+    target = split_mass_target(goal, total);
+  }
+  return radix_pick_mass(counts, mass, target, above);
+}
+
 // The split radix select of rows with filters (logits_kernels.cu split_radix_select), replayed: every
 // block histograms the candidates of its share (split_share_entry), counts and fixed-point masses
 // (split_fixed_mass) are added up over the blocks, and the digits are picked from the sums; against the
@@ -437,17 +450,7 @@ static uint32_t split_select(const std::vector<float>& z, const LogitsSplit& l, 
         mass[d] += m[d];
       }
     }
-    uint32_t d;
-    if (by_mass) {
-      if (pass == 0) {
-        unsigned long long total = 0;
-        for (int j = 0; j < kRadixBins; ++j) total += mass[j];
-        target = split_mass_target(goal, total);
-      }
-      d = radix_pick_mass(counts, mass, target, above);
-    } else {
-      d = radix_pick_count(counts, remaining);
-    }
+    const uint32_t d = replay_pick(counts, mass, by_mass, goal, pass, target, above, remaining);
     prefix |= d << (32 - kRadixBits * (pass + 1));
   }
   return prefix;
@@ -505,7 +508,7 @@ static void test_split_radix_select_matches_the_cpu_selection() {
 // The split kernel's select over the logits' keys (radix_key_raw, `passes` passes: 4 for float32 rows),
 // replayed as split_select does, the pick turned into z's key (radix_threshold). r: the logits as read
 // (NaN, +inf), z their scaled values (logit_value applied); the floor (top-k's threshold under top-p) is
-// z's, tested as the kernel does (z < order_key_value(floor_key)).
+// z's, tested as the kernel does (z < kept_floor(floor_key)).
 static uint32_t split_select_raw(const std::vector<float>& r, const std::vector<float>& z, const LogitsSplit& l,
                                  bool by_mass, float goal, uint32_t floor_key, int passes, float m, float t) {
   const int64_t V = static_cast<int64_t>(r.size());
@@ -528,17 +531,7 @@ static uint32_t split_select_raw(const std::vector<float>& r, const std::vector<
         mass[radix_digit(key, pass)] += split_fixed_mass(std::exp(z[static_cast<size_t>(i)]));
       }
     }
-    uint32_t d;
-    if (by_mass) {
-      if (pass == 0) {
-        unsigned long long total = 0;
-        for (int j = 0; j < kRadixBins; ++j) total += mass[j];
-        target = split_mass_target(goal, total);
-      }
-      d = radix_pick_mass(counts, mass, target, above);
-    } else {
-      d = radix_pick_count(counts, remaining);
-    }
+    const uint32_t d = replay_pick(counts, mass, by_mass, goal, pass, target, above, remaining);
     prefix |= d << (32 - kRadixBits * (pass + 1));
   }
   return radix_threshold(prefix, passes, m, t);
@@ -564,12 +557,6 @@ static float half_bits_to_float(uint32_t h) {  // a float16 value, widened
   return (h & 0x8000u) ? -v : v;
 }
 
-static float float_of_bits(uint32_t bits) {
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-
 // radix_key_raw, from the bits as read, equals radix_key of the logit_value for every bfloat16 and float16
 // value (NaNs, infinities, zeros, subnormals) and for float32's specials and random bit patterns (FLT_MAX:
 // +inf's key); order_key_value inverts order_key so that the CUDA kernels' float compares, z < kept_floor(k)
@@ -578,16 +565,16 @@ static float float_of_bits(uint32_t bits) {
 static void test_radix_key_from_the_bits_as_read() {
   int wrong = 0;
   for (uint32_t h = 0; h < 65536; ++h) {
-    const float b = float_of_bits(h << 16), f = half_bits_to_float(h);
+    const float b = bits_float(h << 16), f = half_bits_to_float(h);
     wrong += radix_key_raw<false>(b) != radix_key(logit_value(b));
     wrong += radix_key_raw<false>(f) != radix_key(logit_value(f));
   }
   CHECK(wrong == 0);
   CHECK(radix_key_raw<false>(half_bits_to_float(0x7c01u)) == radix_key(-INFINITY));  // a float16 NaN: -inf
   std::vector<float> values = {FLT_MAX, -FLT_MAX, INFINITY, -INFINITY, NAN, -NAN, 0.f, -0.f, FLT_MIN, -FLT_MIN,
-                               float_of_bits(1u), float_of_bits(0x80000001u), 1.f, -1.f};
+                               bits_float(1u), bits_float(0x80000001u), 1.f, -1.f};
   std::mt19937 gen(17);
-  for (int i = 0; i < 100000; ++i) values.push_back(float_of_bits(static_cast<uint32_t>(gen())));
+  for (int i = 0; i < 100000; ++i) values.push_back(bits_float(static_cast<uint32_t>(gen())));
   for (const float v : values) wrong += radix_key_raw<true>(v) != radix_key(logit_value(v));
   CHECK(wrong == 0);
   CHECK(radix_key_raw<true>(FLT_MAX) == radix_key_raw<true>(INFINITY));
