@@ -443,10 +443,14 @@ def logits_cases():
     shared-memory loops count their instructions (issue time: the max read-back, the exp-sum, the race) but
     no HBM bytes and no latency trips (see the model's assumptions). Not modelled: the barrier's wait (about
     2 x LATENCY_S per pass that is not the kernel's last), shared-memory latency and bank conflicts.
-    CUDA with top-p: the same kernel's kFiltered variant, with 2 radix passes per row over the share in shared
-    memory (the select runs over the bf16 logits' 16-bit keys, logits_math.h radix_key; each pass charged the
-    longest radix loop: pass 0 by mass; bin contention in the shared-memory atomics
-    is not modelled) and their histograms exchanged through the workspace. Triton with top-p: the split
+    CUDA with top-p: the same kernel's kFiltered variant. Its draft rows take top-p's early acceptance
+    (logits_split.h top_p_accepts_early): at this scenario's draft rows, whose draft token holds nearly all
+    the mass before and after top-p (the measurement spikes its logit 30 above N(0, 1) logits), the exp-sum
+    over every entry accepts the draft and the row runs neither the select nor the kept mass; the bonus row
+    runs 2 radix passes over the share in shared memory (the select runs over the bf16 logits' 16-bit keys,
+    logits_math.h radix_key; each pass charged the longest radix loop: pass 0 by mass; bin contention in the
+    shared-memory atomics is not modelled), their histograms exchanged through the workspace, then its kept
+    mass. A draft rejected, or accepted only after its select, adds one exp-sum and 2 radix passes. Triton with top-p: the split
     kernels with the radix passes between them (_logits_triton_filtered_case)."""
     cases = []
     batch, rows = 64, K + 1
@@ -460,8 +464,11 @@ def logits_cases():
                 # Resident rows: the copy (HBM, with the max's loop kind) and the max read-back, [the radix
                 # select by mass: 2 passes], the kept mass and the race over the share in shared memory (the
                 # race's draft-probs loads, skipped on the bonus row, are not LDS: one stream of the share).
+                # With top-p the K draft rows are accepted early (top_p_accepts_early: their exp-sum over
+                # every entry is the pass they take instead of the select and the kept mass); the bonus row
+                # runs the select (2 passes) and its kept mass.
                 phases = [("max", rows, 1), ("max", rows, 1, "smem")] + \
-                         ([("radix", 2 * rows, 1, "smem")] if top_p else []) + \
+                         ([("radix", 2, 1, "smem")] if top_p else []) + \
                          [("expsum", rows, 1, "smem"), ("race", 1, 1, "smem")]
             else:  # (the split kernels' own cases below replace these phases)
                 phases = [("expsum", rows, 1), ("race", 1, 1)]
@@ -479,7 +486,7 @@ def logits_cases():
                     # Each radix pass: every block adds its non-empty bins into the request's histogram (at most
                     # 2 KB of atomics) and reads the whole 2 KB back after the barrier; block 0 zeroes the next
                     # one (2 KB). Counted as HBM bytes although they stay in L2: an upper bound.
-                    workspace += 2 * rows * (parts * 2 * 2048 + 2048)
+                    workspace += 2 * (parts * 2 * 2048 + 2048)  # the bonus row's 2 passes
                 common["bytes_moved"] += batch * workspace
                 share = -(-V // 1024) * (1024 // parts) * 2  # logits_split.h split_share_bytes: 126 chunks x 128 x bf16
                 cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",

@@ -1125,6 +1125,63 @@ def test_cuda_split_kernel_equals_single_block(draft_probs, vocab, dtype, filter
     assert same >= 0.99 * big
 
 
+def top_p_early_batch(vocab, dtype, draft_probs, batch=64):
+    """Rows whose filters are top-p (and min-p in an eighth of them), every draft's logit set so that it holds
+    e^o / (1 + e^o) of its row's mass, o uniform in [-2, 6]: drafts from a tenth to almost all of the mass, on
+    both sides of the early acceptance's margin (logits_split.h top_p_keeps_surely) and of top-p's cut."""
+    args = make_batch(batch, 4, vocab, draft_probs=draft_probs, seed=vocab + 5, ragged=False)
+    g = torch.Generator().manual_seed(vocab)
+    logits, ids = args["target_logits"], args["draft_token_ids"]
+    t = torch.tensor([1.0, 0.7]).repeat(batch // 2)
+    rows = torch.arange(batch)[:, None].expand(batch, 4)
+    cols = torch.arange(4)[None].expand(batch, 4)
+    logits[rows, cols, ids] = -float("inf")
+    lse = torch.logsumexp(logits[:, :4] / t[:, None, None], -1)
+    logits[rows, cols, ids] = t[:, None] * (lse + torch.rand(batch, 4, generator=g) * 8 - 2)
+    args["target_logits"] = logits.to(dtype)
+    args["temperature"] = t
+    args["top_k"] = None
+    args["top_p"] = torch.tensor([0.9, 0.5, 0.99, 0.8]).repeat(batch // 4)
+    args["min_p"] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3]).repeat(batch // 8)
+    return args
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize("vocab", [1025, 128256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_top_p_early_acceptance_is_the_full_paths(draft_probs, vocab, dtype):
+    """Without logprobs, a draft row whose filters are top-p (and min-p) is accepted before its select when top-p
+    surely keeps the draft and the test against the sum over every entry accepts it (logits_split.h
+    top_p_accepts_early); with logprobs every row runs the select and the kept mass. The split kernel gives the
+    same tokens both ways, bit for bit (the early test never accepts what the full path rejects, and rejects only
+    into the full path), and the C++ op's up to near-ties."""
+    args = top_p_early_batch(vocab, dtype, draft_probs)
+    cuda = _to(args, "cuda")
+    fast = call(cuda, "cuda", return_logprobs=False)
+    full = call(cuda, "cuda", return_logprobs=True)
+    assert torch.equal(fast.token_ids, full.token_ids) and torch.equal(fast.num_accepted, full.num_accepted)
+    assert float(fast.num_accepted.float().mean()) > 1.5  # drafts accepted: rows for the early test
+    cpu = call(args, "cpu", return_logprobs=False)
+    assert (fast.token_ids.cpu() == cpu.token_ids).all(-1).float().mean() >= 0.95
+    packed = call_packed(_to(to_packed(args), "cuda"), "cuda", k=4, return_logprobs=False)
+    assert torch.equal(packed.token_ids, fast.token_ids)
+
+
+def test_top_p_early_batch_reaches_both_sides_of_the_margin():
+    """The batch the GPU test above runs: on the CPU op, some drafts of top-p rows are accepted with a share of
+    the unfiltered mass above 1 - top_p + 2% (where the early test accepts) and some below (where only the select
+    can), and some are rejected."""
+    args = top_p_early_batch(1025, torch.float32, draft_probs=False)
+    out = call(args, "cpu", return_logprobs=False)
+    logits, ids = args["target_logits"], args["draft_token_ids"]
+    share = torch.softmax(logits[:, :4] / args["temperature"][:, None, None], -1).gather(2, ids[..., None])[..., 0]
+    accepted = torch.arange(4)[None] < out.num_accepted[:, None]
+    wide = share > 1 - args["top_p"][:, None] + 0.02
+    assert int((accepted & wide).sum()) >= 20 and int((accepted & ~wide).sum()) >= 5
+    assert int((out.num_accepted < 4).sum()) >= 5
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
 @pytest.mark.parametrize("vocab,batch", [(1025, 8), (128256, 64), (151936, 200), (40, 3)])

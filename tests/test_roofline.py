@@ -180,10 +180,13 @@ def test_logits_cases_count_every_pass_over_the_rows():
     split = cases["logits_triton_draft"]
     assert split.passes == 1 and split.items == 64 * rows and split.then is not None and split.then.passes == 1
     assert split.then.bytes_moved >= 64 * row
-    # top-p: CUDA 2 radix passes of 8 bits over the bf16 keys in the shared-memory share (each row once from HBM);
-    # Triton the split kernels with 4 radix launches (bf16: 16-bit keys; each row read once more per pass), the
-    # kept mass (once more), then the race
-    assert cases["logits_cuda_onehot_topp"].passes == 5 * rows + 1
+    # top-p: CUDA's draft rows accepted early (max, max read-back, the exp-sum over every entry), the bonus row's
+    # 2 radix passes of 8 bits over the bf16 keys in the shared-memory share and its kept mass (each row once from
+    # HBM); Triton the split kernels with 4 radix launches (bf16: 16-bit keys; each row read once more per pass),
+    # the kept mass (once more), then the race
+    assert cases["logits_cuda_onehot_topp"].passes == 3 * rows + 2 + 1
+    assert [p[:2] for p in cases["logits_cuda_onehot_topp"].phases] == \
+        [("max", rows), ("max", rows), ("radix", 2), ("expsum", rows), ("race", 1)]
     assert hbm(cases["logits_cuda_onehot_topp"]) == rows
     assert [p[0] for p in cases["logits_cuda_onehot_topp"].phases if p[3:] == ("smem",)] == \
         ["max", "radix", "expsum", "race"]

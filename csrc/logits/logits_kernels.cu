@@ -23,7 +23,11 @@
 // shared-memory atomics add the masses in). Where a block's share of a row fits in shared memory
 // beside the batch's blocks (split_share_bytes_for), the resident-row variant reads each row from HBM
 // once: the max pass copies the share into shared memory, the radix passes, the kept mass and the
-// race read it there.
+// race read it there. A draft row whose filters are top-p (and min-p) first takes one exp-sum pass over
+// every entry: a draft that top-p surely keeps and that the test against that sum accepts is accepted
+// there (logits_split.h top_p_accepts_early: never a decision the select would not make), so of a
+// request's accepted rows most skip the radix select, and its last row (the rejection or the bonus row)
+// runs it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -1017,6 +1021,23 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
     RowStats r{mx.score, mx.index, 0u, 0.f};  // no filters: tau 0 keeps every entry
     if (!row_is_greedy(s) && r.m > -INFINITY) {
       if constexpr (kFiltered) {
+        // Top-p's early acceptance (logits_split.h top_p_accepts_early): a draft that top-p surely keeps and
+        // that passes the acceptance test against the sum over every entry is accepted without the select
+        // and the kept mass: one exp-sum pass instead of the radix passes. Not with logprobs (they need S).
+        if (is_draft && lp == nullptr && p.synthetic_rates == nullptr && s.top_k == 0 && s.top_p < 1.f &&
+            draft_in_vocab(ids[k], V)) {
+          const float all = split_sum<kResident, true>(src, V, r.m, s.temperature, c, sh, 0u);
+          if (threadIdx.x == 0) {
+            const int64_t x = ids[k];
+            const float u = philox_uniform(seed, offset, static_cast<uint32_t>(k), kPurposeAccept, 0);
+            const float q_x = draft != nullptr ? to_float(draft[(rows.draft_base + k) * V + x]) : 1.f;
+            sh.flag = top_p_accepts_early(u, q_x, load_logit(row, x), r.m, all, s, V);
+          }
+          __syncthreads();
+          const bool early = sh.flag != 0;
+          __syncthreads();
+          if (early) continue;  // accepted: the next row
+        }
         // row_stats' threshold: top-k by count, top-p by mass above it, min-p (logits_math.h).
         uint32_t tau = 0;
         if (s.top_k > 0)

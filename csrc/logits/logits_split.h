@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "../common/macros.h"
+#include "../common/sampling_math.h"
 #include "logits_math.h"
 
 namespace specdec {
@@ -131,6 +132,54 @@ SPECDEC_HD void split_add_u64(unsigned* lo, unsigned* hi, unsigned long long v, 
 SPECDEC_HD unsigned long long split_join_u64(unsigned lo, unsigned hi) {
   return (static_cast<unsigned long long>(hi) << 32) | lo;
 }
+// Whether top-p keeps entry x of a row whatever its select's rounding, from e_x = exp_f(z_x) and `total`, the
+// float32 sum of every entry's sum_exp_f(z) in any order: a draft token the split CUDA kernel may then accept
+// without the select (top-p's early acceptance, logits_kernels.cu). For rows whose only filters are top-p and
+// min-p (the select's candidates are every entry). The select (radix_pick_mass over the fixed-point masses
+// of logits_split.h) keeps x exactly when the mass M of the entries with a larger key is below its target
+// top_p (1 - kTopPSlack) times the candidates' mass. With E the exact sum of exp_f(z) over the row:
+//   M <= 2^40 (E - e_x)  (masses truncated; x itself and its ties left out),
+//   target >= g (2^40 E - V) - 1,  g = top_p (1 - kTopPSlack) (1 - 2^-51)  (truncations, split_mass_target's
+//   double rounding),
+// so M < target when (1 - g) E + (g V + 1) 2^-40 < e_x. E is bounded from `total`: a float32 sum of V
+// non-negative terms in any order is within gamma = V u / (1 - V u) (u = 2^-24) of their exact sum, so their
+// exact sum is at most total / (1 - gamma); a term sum_exp_f(z) (__expf on the GPU: 2 + 1.173 |z| ulp) is
+// within 1e-5 of exp_f(z) relative where z >= -20, and exp_f(z) < 2.1e-9 below that. Vocabularies of 2^22
+// and more are never kept this way (gamma would pass 1/4). Conservative: it finds the kept x whose share of
+// `total` passes (1 - top_p) (1 + gamma + 1e-5) (1 - top_p + 0.08% at top_p 0.9, V = 128256); the select
+// decides the rest.
+SPECDEC_HD bool top_p_keeps_surely(float e_x, float total, float top_p, int64_t vocab) {
+  if (!(vocab > 0 && vocab < (int64_t{1} << 22)) || !(total > 0.f) || !(e_x > 0.f)) return false;
+  // In float32 (no double registers in the kernel), every quantity bounded from above: 1 - g as
+  // (1 - top_p) + top_p 2^-20 + 2^-40 (1 - top_p is exact for top_p in [0.5, 1]), each of the 8 operations
+  // below rounding by at most 2^-24 relative, which the last factor (1 + 2^-20) covers.
+  const float V = static_cast<float>(vocab);
+  const float vu = V * 5.9604644775390625e-08f;  // V 2^-24 < 1/4
+  const float e_up = total / (1.f - vu) * (1.f + 1e-5f) + V * 2.1e-9f;
+  const float one_minus_g = (1.f - top_p) + top_p * kTopPSlack + 9.094947017729282e-13f;
+  const float need = one_minus_g * e_up + (V + 1.f) * 9.094947017729282e-13f;  // (g V + 1) 2^-40 <= (V + 1) 2^-40
+  return e_x > need * (1.f + 9.5367431640625e-07f);
+}
+
+
+// Top-p's early acceptance in the split kernel (thread 0 of every block of the request, from the same values:
+// every block decides alike): the draft x (in the vocabulary) of a sampled row whose only filters are top-p
+// and min-p is accepted without the select when top-p keeps it whatever the select's rounding
+// (top_p_keeps_surely), min-p keeps it, and accept_draft(u, e_x / all, q(x)), where `all` is the kept
+// mass's sum taken over every entry (split_sum with tau 0: the same terms in the same order, those off the
+// kept set then zeros). Float addition rounds monotonically in each operand, so all >= S, the kept mass the
+// full path sums, and e_x / all <= e_x / S = p(x) (division rounds monotonically too): whatever this
+// accepts the full path accepts, with the same u. False means only "ask the select".
+SPECDEC_HD bool top_p_accepts_early(float u, float q_x, float x, float m, float all, const RowSampling& s,
+                                    int64_t vocab) {
+  if (s.top_k != 0 || !(s.top_p < 1.f) || row_is_greedy(s)) return false;
+  const float z = scaled_logit(x, m, s.temperature);
+  const float e = exp_f(z);
+  if (order_key(z) < min_p_key(s.min_p)) return false;
+  if (!top_p_keeps_surely(e, all, s.top_p, vocab)) return false;
+  return accept_draft(u, processed_prob(e, 0u, 0u, all), q_x);
+}
+
 constexpr int kSplitHistBins = 256;  // logits_math.h kRadixBins
 constexpr int kSplitHistBuffers = 3;
 SPECDEC_HD int64_t split_hist_bytes() { return kSplitHistBins * (4 + 8); }

@@ -658,6 +658,127 @@ static void test_split_raw_key_select_matches_the_cpu_selection() {
   }
 }
 
+// Top-p's early acceptance (logits_split.h top_p_accepts_early): whatever it accepts, the full path (the split
+// select over the logits' keys, min-p, the kept mass S summed in the order the sum over every entry took, its
+// dropped entries as zeros, and accept_draft on e_x / S) accepts too; and it is no empty promise: it accepts
+// most of what the full path does where the draft holds a large share. Rows of bfloat16 and float32 values,
+// drafts among the top entries (the second largest too), top_p down to 0.05, min-p excluding the draft, sums
+// forward and backward; then the boundary of top_p_keeps_surely swept one float of z at a time.
+static void test_top_p_early_acceptance_is_the_selects() {
+  std::mt19937 gen(17);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  int early = 0, exact = 0, early_where_large = 0, exact_where_large = 0;
+  for (int trial = 0; trial < 48; ++trial) {
+    const bool bf16 = trial % 2 == 0;
+    const int64_t V = trial % 3 == 0 ? 5000 : 1025;
+    const float t = trial % 4 == 1 ? 0.7f : 1.f;
+    std::vector<float> raw(static_cast<size_t>(V));
+    for (auto& v : raw) v = keep_bits(2.f * normal(gen), bf16 ? 16 : 0);
+    // a few large logits: the draft is one of them (trial % 3: the largest, the second, the third)
+    const float spikes[3] = {keep_bits(9.f + unit(gen) * 4.f, bf16 ? 16 : 0), keep_bits(9.f + unit(gen) * 3.f, bf16 ? 16 : 0),
+                             keep_bits(7.f + unit(gen) * 3.f, bf16 ? 16 : 0)};
+    for (int j = 0; j < 3; ++j) raw[static_cast<size_t>(100 + j)] = spikes[j];
+    raw[5] = NAN;
+    raw[6] = -INFINITY;
+    std::vector<float> x(raw.size()), z(raw.size());
+    for (size_t i = 0; i < raw.size(); ++i) x[i] = logit_value(raw[i]);
+    const float m = *std::max_element(x.begin(), x.end());
+    for (size_t i = 0; i < raw.size(); ++i) z[i] = scaled_logit(x[i], m, t);
+    std::vector<int64_t> order(raw.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return z[a] > z[b]; });
+    const int64_t draft = order[static_cast<size_t>(trial % 3)];
+    const LogitsSplit l = logits_split_for(vthreads_for(V), 64, 132 * 4);
+    for (const float top_p : {0.05f, 0.5f, 0.9f, 0.99f}) {
+      const uint32_t tau_p = split_select_raw(raw, z, l, true, top_p, 0u, bf16 ? 2 : 4, m, t);
+      for (const float min_p : {0.f, 0.5f}) {
+        const RowSampling s = row_sampling(&t, nullptr, &top_p, &min_p, 0, V);
+        const uint32_t tau = std::max(tau_p, min_p_key(s.min_p));
+        for (int dir = 0; dir < 2; ++dir) {
+          float all = 0.f, kept = 0.f;
+          for (int64_t j = 0; j < V; ++j) {
+            const size_t i = static_cast<size_t>(dir == 0 ? j : V - 1 - j);
+            all += sum_exp_f(z[i]);
+            kept += order_key(z[i]) >= tau ? sum_exp_f(z[i]) : 0.f;
+          }
+          const float e_x = exp_f(z[static_cast<size_t>(draft)]);
+          const bool large = e_x > 0.15f * all;
+          for (int k = 0; k < 40; ++k) {
+            const float u = (static_cast<float>(k) + unit(gen)) / 40.f;
+            const float q = k % 4 == 3 ? unit(gen) : 1.f;
+            const bool full = accept_draft(u, processed_prob(e_x, order_key(z[static_cast<size_t>(draft)]), tau, kept), q);
+            const bool fast = top_p_accepts_early(u, q, x[static_cast<size_t>(draft)], m, all, s, V);
+            CHECK(!fast || full);
+            early += fast;
+            exact += full;
+            if (large && min_p == 0.f && top_p >= 0.5f) {
+              early_where_large += fast;
+              exact_where_large += full;
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(exact > 1000 && early > exact / 3);
+  CHECK(exact_where_large > 500 && early_where_large * 10 > exact_where_large * 8);  // > 80% of them early
+  // top-k rows, greedy rows, top-p off: never early
+  const float one = 1.f, zero = 0.f, half = 0.5f;
+  const int64_t k2 = 2;
+  CHECK(!top_p_accepts_early(0.f, 1.f, 0.f, 0.f, 1.f, row_sampling(&one, &k2, &half, nullptr, 0, 5), 5));
+  CHECK(!top_p_accepts_early(0.f, 1.f, 0.f, 0.f, 1.f, row_sampling(&zero, nullptr, &half, nullptr, 0, 5), 5));
+  CHECK(!top_p_accepts_early(0.f, 1.f, 0.f, 0.f, 1.f, row_sampling(&one, nullptr, &one, nullptr, 0, 5), 5));
+  CHECK(top_p_accepts_early(0.f, 1.f, 0.f, 0.f, 1.f, row_sampling(&one, nullptr, &half, nullptr, 0, 5), 5));
+
+  // Where top-p keeps the whole row the two sums are one: early and full decide alike for every u, also
+  // the floats next to p(x) = 1/3 (two entries, 1 and 1/2; u * q < p, not <=).
+  {
+    std::vector<float> r(1025, -INFINITY);
+    r[0] = 0.f;
+    r[1] = std::log(0.5f);
+    const float top_p = 0.99f;
+    const RowSampling s = row_sampling(&one, nullptr, &top_p, nullptr, 0, 1025);
+    const LogitsSplit l = logits_split_for(vthreads_for(1025), 8, 528);
+    const uint32_t tau = split_select_raw(r, r, l, true, top_p, 0u, 4, 0.f, 1.f);
+    const float e = exp_f(r[1]), all = 1.f + e;
+    CHECK(order_key(r[1]) >= tau && top_p_keeps_surely(e, all, top_p, 1025));
+    float u = e / all;
+    for (int i = 0; i < 200; ++i) u = std::nextafter(u, 0.f);
+    int accepted = 0;
+    for (int i = 0; i < 400; ++i, u = std::nextafter(u, 1.f)) {
+      const bool full = accept_draft(u, processed_prob(e, order_key(r[1]), tau, all), 1.f);
+      CHECK(top_p_accepts_early(u, 1.f, r[1], 0.f, all, s, 1025) == full);
+      accepted += full;
+    }
+    CHECK(accepted == 200);
+  }
+  // The boundary: the largest entry (z = 0) and the draft a = e^z below it, the rest of the row -inf. The
+  // select keeps the draft exactly when 1 < top_p (1 - slack) (1 + a); sweep z one float at a time across it.
+  for (const float top_p : {0.9f, 0.7f}) {
+    const int64_t V = 1025;
+    const float a_star = 1.f / top_p - 1.f;
+    std::vector<float> r(static_cast<size_t>(V), -INFINITY);
+    r[0] = 0.f;
+    const LogitsSplit l = logits_split_for(vthreads_for(V), 8, 528);
+    int kept_exactly = 0, kept_surely = 0;
+    float z_x = std::log(a_star);
+    for (int i = 0; i < 400; ++i) z_x = std::nextafter(z_x, -INFINITY);
+    for (; exp_f(z_x) < a_star * 1.002f; z_x = std::nextafter(z_x, INFINITY)) {
+      r[1] = z_x;
+      const uint32_t tau = split_select_raw(r, r, l, true, top_p, 0u, 4, 0.f, 1.f);
+      const bool keeps = order_key(z_x) >= tau;
+      const float e = exp_f(z_x);
+      const bool sure = top_p_keeps_surely(e, 1.f + e, top_p, V);
+      CHECK(!sure || keeps);
+      kept_exactly += keeps;
+      kept_surely += sure;
+      if (e > a_star * 1.001f) CHECK(sure);  // a margin under 0.1% (gamma is 6e-5 at V = 1025)
+    }
+    CHECK(kept_exactly > kept_surely && kept_surely > 0);
+  }
+}
+
 // The split kernel's 64-bit bin masses added as two 32-bit words (split_add_u64, atomicAdd on the device):
 // exact in any order, carries included, against plain 64-bit sums.
 static void test_split_two_word_mass_sums_exactly() {
@@ -704,5 +825,6 @@ int main() {
   test_split_radix_select_matches_the_cpu_selection();
   test_radix_key_from_the_bits_as_read();
   test_split_raw_key_select_matches_the_cpu_selection();
+  test_top_p_early_acceptance_is_the_selects();
   TEST_MAIN_END();
 }
