@@ -523,7 +523,7 @@ def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars
                  tickets_ptr="*i32", token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32",
                  bonus_ptr="*i64", rates_ptr="*fp32")
     const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, LOGPROBS=False, HAS_BONUS=False, TREE=False,
-                 HAS_RATES=False, HAS_FILTERS=False, CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(),
+                 HAS_RATES=False, HAS_FILTERS=False, EARLY=False, CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(),
                  CHUNK=SPLIT_CHUNK, BLOCK_K=8, vocab=V, BLOCK=SPLIT_BLOCK, PART_BLOCK=SPLIT_PART_BLOCK)
     race = Case(name=f"logits_triton_{tag}_race", backend="triton", shape=shape, loop="race", streams=1,
                 elem_bytes=2, bytes_moved=batch * row_bytes + batch * chunks * (rows * 20 + 24) + scalars,
@@ -546,12 +546,13 @@ def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scal
     """Triton chain verification with top-p (specdec_ops/logits.py _launch_chain, _launch_filters): the split
     pair of _logits_triton_split_case with the thresholds between them. chain_row_partials_kernel; then 4
     launches of chain_radix_pass_kernel (bf16 logits: 16-bit radix keys, 4 bits a pass; grid B x (K+1) x
-    chunks), each reading every row once more and
+    chunks), whose first launch takes the draft rows by top-p's early acceptance (chain_row_accepts_early: their
+    programs exit; the scenario's drafts hold nearly all the mass), each reading the bonus row once more and
     the previous pass's histograms of the row's chunks (CHUNKS x 16 x 8 B per program, L2 in practice, counted
     as HBM), writing its own (16 x 8 B per program); its loop counted whole, the one-hot histogram included: an
     upper bound, as only the first passes find a candidate in every tile (later tiles skip it); then
-    chain_kept_mass_kernel (the last pick, each row once more: the kept mass over its chunk); then the walk and
-    the bonus row's race (chain_walk_race_kernel, HAS_FILTERS)."""
+    chain_kept_mass_kernel (the last pick, the bonus row once more: the kept mass over its chunk; the draft rows
+    read their flag); then the walk and the bonus row's race (chain_walk_race_kernel, HAS_FILTERS, EARLY)."""
     chunks = -(-V // SPLIT_CHUNK)
     programs = batch * rows * chunks
     types = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32", top_k_ptr="*i64",
@@ -559,9 +560,11 @@ def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scal
                  part_sum_ptr="*fp32", hist_ptr="*fp32", prefix_ptr="*i64", acc_ptr="*fp32",
                  goal_ptr="*fp32", floor_ptr="*i64", tau_ptr="*i64", part_kept_ptr="*fp32", race_score_ptr="*fp32",
                  race_index_ptr="*i64", tickets_ptr="*i32", token_ids_ptr="*i64", num_accepted_ptr="*i32",
-                 logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32", step="i32", passed="i32")
+                 logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32", step="i32", passed="i32",
+                 early_ptr="*i8")
     const = dict(PACKED=False, HAS_T=False, HAS_K=False, HAS_P=True, HAS_MIN_P=False, HAS_BONUS=False, TREE=False,
-                 CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=SPLIT_CHUNK, vocab=V)
+                 CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=SPLIT_CHUNK, vocab=V, EARLY=True,
+                 HAS_DRAFT_PROBS=has_q)
     split = dict(shape=shape, streams=1, elem_bytes=2, min_bytes=batch * rows * row_bytes, elems_per_pass=V,
                  items=batch * rows, grid=lambda res: (programs, chunks))
     race = Case(name=f"logits_triton_{tag}_race", backend="triton", loop="race", passes=1,
@@ -571,16 +574,24 @@ def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scal
                                                          HAS_RATES=False, HAS_FILTERS=True, BLOCK_K=8,
                                                          BLOCK=SPLIT_BLOCK), num_warps=4),
                 **dict(split, items=batch, grid=lambda res: (batch * chunks, chunks)))
+    # Top-p's early acceptance (EARLY: no logprobs) takes the K draft rows (the scenario's drafts hold nearly all
+    # the mass): their programs decide it in the first radix launch (the row's chunk partials, the draft's id,
+    # logit and q, one flag written) and exit, in the later launches and the kept mass after reading the flag.
+    # The bonus rows run the select and the kept mass: items and grid count their programs; the others' reads
+    # are counted as bytes, their launch slots not.
+    bonus_programs = batch * chunks
+    early_reads = programs * (chunks * 16 + 3 * 32 + 1) + 4 * programs * 1
     kept = Case(name=f"logits_triton_{tag}_kept", backend="triton", loop="expsum", passes=1,
-                bytes_moved=batch * rows * row_bytes + programs * (4 + 2 * 16 * 8 + 8),
+                bytes_moved=batch * row_bytes + bonus_programs * (4 + 2 * 16 * 8 + 8) + programs * 1,
                 source="triton_kernels.logits:chain_kept_mass_kernel",
                 triton=dict(types=types, constexprs=dict(const, PASSES=4, BLOCK=SPLIT_BLOCK), num_warps=4), then=race,
-                **split)
+                **dict(split, items=batch, grid=lambda res: (bonus_programs, chunks)))
     radix = Case(name=f"logits_triton_{tag}_radix", backend="triton", loop="scan", passes=4, launches=4,
-                 bytes_moved=4 * (batch * rows * row_bytes + programs * (chunks + 1) * 16 * 8),
+                 bytes_moved=4 * (batch * row_bytes + bonus_programs * (chunks + 1) * 16 * 8) + early_reads,
                  source="triton_kernels.logits:chain_radix_pass_kernel",
                  triton=dict(types=types, constexprs=dict(const, BY_MASS=True, PASSES=4, BLOCK=SPLIT_RADIX_BLOCK),
-                             num_warps=4), then=kept, **split)
+                             num_warps=4), then=kept, **dict(split, items=batch,
+                                                             grid=lambda res: (bonus_programs, chunks)))
     return Case(name=f"logits_triton_{tag}", backend="triton", loop="expsum", passes=1,
                 bytes_moved=batch * rows * row_bytes + programs * 20, phases=[("expsum", 1, 1)],
                 source="triton_kernels.logits:chain_row_partials_kernel",

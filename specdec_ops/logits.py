@@ -576,12 +576,17 @@ def _partials_block(chunk):
     return min(chunk & -chunk, 4096)
 
 
-def _launch_filters(target, lengths, ptrs, flags, part_max, rows, chunks, chunk, block, radix_block, common):
+def _launch_filters(target, lengths, ptrs, flags, partials, rows, chunks, chunk, block, radix_block, common,
+                    early=None):
     """The thresholds of the split rows (top-k, top-p, min-p): chain_radix_pass_kernel launches per select
     present (4 over bfloat16 logits, 5 over float16, 8 over float32: _radix_passes), then
-    chain_kept_mass_kernel. Returns (tau [rows] int64, part_kept [rows, chunks] float32)."""
+    chain_kept_mass_kernel. `early` (chain rows without logprobs or synthetic rates: the walk's draft_probs, draft
+    ids, seeds and offsets): top-p's early acceptance (triton_kernels/logits.py chain_row_accepts_early) spares
+    the rows whose draft it takes the select; their tau is -1. Returns (tau [rows] int64, part_kept [rows,
+    chunks] float32)."""
     from .triton_kernels.logits import chain_kept_mass_kernel, chain_radix_pass_kernel
 
+    part_max, part_arg, part_sum = partials
     new = target.new_empty
     hist = new((2, rows, chunks, 16), dtype=torch.float32)
     prefix = new((2, rows), dtype=torch.int64)
@@ -591,20 +596,25 @@ def _launch_filters(target, lengths, ptrs, flags, part_max, rows, chunks, chunk,
     tau = new((rows,), dtype=torch.int64)
     part_kept = new((rows, chunks), dtype=torch.float32)
     workspaces = (hist, prefix, acc, goal, floor)
+    use_early = early is not None and flags["HAS_P"]
+    early_flags = new((rows,), dtype=torch.int8) if use_early else tau  # any valid pointer without EARLY
+    test = (early["draft_probs"], early["draft_ids"], early["seeds"], early["offsets"]) if use_early else (target,) * 4
     step = 0
     passes = _radix_passes(target.dtype)
     for by_mass, present in ((False, flags["HAS_K"]), (True, flags["HAS_P"])):
         for passed in range(passes if present else 0):
-            chain_radix_pass_kernel[(rows, chunks)](target, lengths, *ptrs, part_max, *workspaces, step, passed,
-                                                    **common, BY_MASS=by_mass, PASSES=passes, BLOCK=radix_block)
+            chain_radix_pass_kernel[(rows, chunks)](
+                target, lengths, *ptrs, part_max, *workspaces, early_flags, part_arg, part_sum, *test, step, passed,
+                **common, BY_MASS=by_mass, PASSES=passes, EARLY=use_early,
+                HAS_DRAFT_PROBS=use_early and early["has_draft_probs"], BLOCK=radix_block)
             step += 1
-    chain_kept_mass_kernel[(rows, chunks)](target, lengths, *ptrs, part_max, *workspaces, tau, part_kept, step,
-                                           **common, PASSES=passes, BLOCK=block)
+    chain_kept_mass_kernel[(rows, chunks)](target, lengths, *ptrs, part_max, *workspaces, tau, part_kept, early_flags,
+                                           step, **common, PASSES=passes, EARLY=use_early, BLOCK=block)
     return tau, part_kept
 
 
 def _split_rows(target, lengths, params, rows, max_draft, num_draft_rows, bonus_rows, packed, has_bonus, tree,
-                chunk=None, block=None, radix_block=None):
+                chunk=None, block=None, radix_block=None, early=None):
     """Every row's statistics over vocabulary chunks: chain_row_partials_kernel, and with filter tensors the
     thresholds (_launch_filters). Rows are b x (max_draft + 1) + k (TREE: node k of request b, `lengths` the
     node counts). Returns (kernel pointers and sizes for the walk: a dict)."""
@@ -632,12 +642,13 @@ def _split_rows(target, lengths, params, rows, max_draft, num_draft_rows, bonus_
     tau, part_kept = part_max, part_sum  # any valid pointers without filters
     if has_filters:
         tau, part_kept = _launch_filters(
-            target, lengths, ptrs, flags, part_max, rows, chunks, chunk, block, radix_block,
+            target, lengths, ptrs, flags, (part_max, part_arg, part_sum), rows, chunks, chunk, block, radix_block,
             dict(vocab=vocab, max_draft=max_draft, num_draft_rows=num_draft_rows, bonus_rows=int(bonus_rows),
                  CHUNKS_P2=next_pow2(chunks), HAS_K=flags["HAS_K"], HAS_P=flags["HAS_P"],
-                 HAS_MIN_P=flags["HAS_MIN_P"], **common))
+                 HAS_MIN_P=flags["HAS_MIN_P"], **common), early=early)
     return dict(ptrs=ptrs, flags=flags, block=block, chunk=chunk, chunks=chunks, has_filters=has_filters,
-                stats=(part_max, part_arg, part_sum, tau, part_kept))
+                stats=(part_max, part_arg, part_sum, tau, part_kept),
+                early=has_filters and early is not None and flags["HAS_P"])
 
 
 def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
@@ -657,20 +668,24 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     vocab = target.shape[-1]
     bonus = ids if bonus_token_ids is None else bonus_token_ids.contiguous().to(torch.int64)
     lengths = lengths.contiguous().to(torch.int64)
+    q = target if draft_probs is None else draft_probs.contiguous()
+    seeds, offsets = seeds.contiguous(), offsets.contiguous()
+    # top-p's early acceptance: not with logprobs (they need every row's kept mass) nor synthetic rates
+    early = None if return_logprobs or rates is not None else dict(
+        draft_probs=q, draft_ids=ids, seeds=seeds, offsets=offsets, has_draft_probs=draft_probs is not None)
     split = _split_rows(target, lengths, params, batch * (max_draft + 1), max_draft, ids.numel(), bonus_rows, packed,
-                        bonus_token_ids is not None, False, chunk, block, radix_block)
+                        bonus_token_ids is not None, False, chunk, block, radix_block, early=early)
     chunks = split["chunks"]
     race_score = target.new_empty((batch, chunks), dtype=torch.float32)
     race_index = target.new_empty((batch, chunks), dtype=torch.int64)
     tickets = torch.zeros((batch,), dtype=torch.int32, device=target.device)
     chain_walk_race_kernel[(batch, chunks)](
-        target, target if draft_probs is None else draft_probs.contiguous(), ids, lengths, seeds.contiguous(),
-        offsets.contiguous(), split["ptrs"][0], *split["stats"], race_score, race_index, tickets,
+        target, q, ids, lengths, seeds, offsets, split["ptrs"][0], *split["stats"], race_score, race_index, tickets,
         token_ids, num_accepted, logprobs if return_logprobs else target, bonus,
         target if rates is None else rates.contiguous(), vocab, max_draft, ids.numel(), int(bonus_rows),
         PACKED=packed, HAS_T=split["flags"]["HAS_T"], HAS_BONUS=bonus_token_ids is not None,
         HAS_DRAFT_PROBS=draft_probs is not None, HAS_RATES=rates is not None, LOGPROBS=bool(return_logprobs),
-        HAS_FILTERS=split["has_filters"], CHUNKS=chunks, CHUNKS_P2=next_pow2(chunks), CHUNK=split["chunk"],
+        HAS_FILTERS=split["has_filters"], EARLY=split["early"], CHUNKS=chunks, CHUNKS_P2=next_pow2(chunks), CHUNK=split["chunk"],
         BLOCK_K=next_pow2(max_draft + 1), BLOCK=split["block"])
     return token_ids, num_accepted, logprobs
 

@@ -43,24 +43,31 @@ split = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", draft_ids_ptr="*i64", 
              token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32",
              max_draft="i32", num_draft_rows="i32", bonus_rows="i32", tau_ptr="*i64", part_kept_ptr="*fp32",
              top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32", hist_ptr="*fp32",
-             prefix_ptr="*i64", acc_ptr="*fp32", goal_ptr="*fp32", floor_ptr="*i64", step="i32", passed="i32")
+             prefix_ptr="*i64", acc_ptr="*fp32", goal_ptr="*fp32", floor_ptr="*i64", step="i32", passed="i32",
+             early_ptr="*i8")
 compile_all(chain_row_partials_kernel, split,
             [dict(PACKED=packed, HAS_T=has_t, HAS_BONUS=False, TREE=tree, CHUNKS=16, CHUNK=8192, PART_BLOCK=4096,
                   vocab=128256)
              for packed, has_t, tree in ((False, False, False), (True, True, False), (False, True, True))])
 compile_all(chain_walk_race_kernel, split,
-            [dict(PACKED=False, HAS_DRAFT_PROBS=True, HAS_T=True, LOGPROBS=True, HAS_BONUS=False, HAS_RATES=False,
-                  HAS_FILTERS=filters, CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, BLOCK_K=8, BLOCK=1024, vocab=128256)
-             for filters in (False, True)])
+            [dict(PACKED=False, HAS_DRAFT_PROBS=True, HAS_T=True, LOGPROBS=not early, HAS_BONUS=False,
+                  HAS_RATES=False, HAS_FILTERS=filters, EARLY=early, CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, BLOCK_K=8,
+                  BLOCK=1024, vocab=128256)
+             for filters, early in ((False, False), (True, False), (True, True))])
 # with filters: the radix passes (both selects) and the kept mass, 4 warps as launched, no spills; bf16 logits
-# (4 passes a select) and float32 (8)
+# (4 passes a select) and float32 (8); top-p's early acceptance (EARLY, chain rows without logprobs) with and
+# without draft probabilities
 filtered = dict(PACKED=False, HAS_T=True, HAS_K=True, HAS_P=True, HAS_MIN_P=True, HAS_BONUS=False, TREE=False,
                 CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, vocab=128256)
 for logits, passes in (("*bf16", 4), ("*fp32", 8)):
     types = dict(split, logits_ptr=logits)
-    for by_mass in (False, True):
-        check(compile_kernel(chain_radix_pass_kernel, types, dict(filtered, BY_MASS=by_mass, PASSES=passes, BLOCK=512),
-                             num_warps=4), f"chain_radix_pass_kernel {logits} BY_MASS={by_mass}")
-    check(compile_kernel(chain_kept_mass_kernel, types, dict(filtered, PASSES=passes, BLOCK=1024), num_warps=4),
-          f"chain_kept_mass_kernel {logits}")
+    for by_mass, early, has_q in ((False, False, False), (True, False, False), (True, True, False),
+                                  (True, True, True)):
+        check(compile_kernel(chain_radix_pass_kernel, types,
+                             dict(filtered, BY_MASS=by_mass, PASSES=passes, BLOCK=512, EARLY=early,
+                                  HAS_DRAFT_PROBS=has_q), num_warps=4),
+              f"chain_radix_pass_kernel {logits} BY_MASS={by_mass} EARLY={early} HAS_DRAFT_PROBS={has_q}")
+    for early in (False, True):
+        check(compile_kernel(chain_kept_mass_kernel, types, dict(filtered, PASSES=passes, BLOCK=1024, EARLY=early),
+                             num_warps=4), f"chain_kept_mass_kernel {logits} EARLY={early}")
 print("compiled")

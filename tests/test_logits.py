@@ -1127,8 +1127,10 @@ def test_cuda_split_kernel_equals_single_block(draft_probs, vocab, dtype, filter
 
 def top_p_early_batch(vocab, dtype, draft_probs, batch=64):
     """Rows whose filters are top-p (and min-p in an eighth of them), every draft's logit set so that it holds
-    e^o / (1 + e^o) of its row's mass, o uniform in [-2, 6]: drafts from a tenth to almost all of the mass, on
-    both sides of the early acceptance's margin (logits_split.h top_p_keeps_surely) and of top-p's cut."""
+    e^o / (1 + e^o) of its row's other mass, o uniform in [-3, 5]: drafts from 5% to almost all of the mass, on
+    both sides of the early acceptance's margin (logits_split.h top_p_keeps_surely) and of top-p's cut (every
+    request with top_p 0.5 has a large rival entry, which top-p may keep alone, and every one with min-p one that
+    makes min-p drop the draft)."""
     args = make_batch(batch, 4, vocab, draft_probs=draft_probs, seed=vocab + 5, ragged=False)
     g = torch.Generator().manual_seed(vocab)
     logits, ids = args["target_logits"], args["draft_token_ids"]
@@ -1137,12 +1139,20 @@ def top_p_early_batch(vocab, dtype, draft_probs, batch=64):
     cols = torch.arange(4)[None].expand(batch, 4)
     logits[rows, cols, ids] = -float("inf")
     lse = torch.logsumexp(logits[:, :4] / t[:, None, None], -1)
-    logits[rows, cols, ids] = t[:, None] * (lse + torch.rand(batch, 4, generator=g) * 8 - 2)
+    logits[rows, cols, ids] = t[:, None] * (lse + torch.rand(batch, 4, generator=g) * 8 - 3)
+    # a rival entry: in the requests with top_p 0.5 e^r of the rest's mass (r in [3, 6]), so that top-p drops
+    # some drafts that hold a large share; in those with min-p (0.6) e^d times the draft's (d in [0.6, 2]), so
+    # that min-p drops every draft there, whatever top-p keeps
+    b = torch.arange(batch)[:, None]
+    over = torch.where(b % 4 == 1, t[:, None] * (lse + 3 + 3 * torch.rand(batch, 4, generator=g)),
+                       logits[rows, cols, ids] + t[:, None] * (0.6 + 1.4 * torch.rand(batch, 4, generator=g)))
+    logits[rows, cols, (ids + 1) % vocab] = torch.where((b % 4 == 1) | (b % 8 == 6), over,
+                                                        logits[rows, cols, (ids + 1) % vocab])
     args["target_logits"] = logits.to(dtype)
     args["temperature"] = t
     args["top_k"] = None
     args["top_p"] = torch.tensor([0.9, 0.5, 0.99, 0.8]).repeat(batch // 4)
-    args["min_p"] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3]).repeat(batch // 8)
+    args["min_p"] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.6, 0.0]).repeat(batch // 8)
     return args
 
 
@@ -1161,7 +1171,7 @@ def test_cuda_top_p_early_acceptance_is_the_full_paths(draft_probs, vocab, dtype
     fast = call(cuda, "cuda", return_logprobs=False)
     full = call(cuda, "cuda", return_logprobs=True)
     assert torch.equal(fast.token_ids, full.token_ids) and torch.equal(fast.num_accepted, full.num_accepted)
-    assert float(fast.num_accepted.float().mean()) > 1.5  # drafts accepted: rows for the early test
+    assert float(fast.num_accepted.float().mean()) > 0.8  # drafts accepted: rows for the early test
     cpu = call(args, "cpu", return_logprobs=False)
     assert (fast.token_ids.cpu() == cpu.token_ids).all(-1).float().mean() >= 0.95
     packed = call_packed(_to(to_packed(args), "cuda"), "cuda", k=4, return_logprobs=False)
@@ -1169,17 +1179,23 @@ def test_cuda_top_p_early_acceptance_is_the_full_paths(draft_probs, vocab, dtype
 
 
 def test_top_p_early_batch_reaches_both_sides_of_the_margin():
-    """The batch the GPU test above runs: on the CPU op, some drafts of top-p rows are accepted with a share of
-    the unfiltered mass above 1 - top_p + 2% (where the early test accepts) and some below (where only the select
-    can), and some are rejected."""
-    args = top_p_early_batch(1025, torch.float32, draft_probs=False)
-    out = call(args, "cpu", return_logprobs=False)
-    logits, ids = args["target_logits"], args["draft_token_ids"]
-    share = torch.softmax(logits[:, :4] / args["temperature"][:, None, None], -1).gather(2, ids[..., None])[..., 0]
-    accepted = torch.arange(4)[None] < out.num_accepted[:, None]
-    wide = share > 1 - args["top_p"][:, None] + 0.02
-    assert int((accepted & wide).sum()) >= 20 and int((accepted & ~wide).sum()) >= 5
-    assert int((out.num_accepted < 4).sum()) >= 5
+    """The batch the GPU test above runs, on the CPU op: drafts of top-p rows accepted with a share of the
+    unfiltered mass above 1 - top_p + 2% (where the early test may accept) and below (where only the select
+    can), rejections, and drafts with a large share that top-p drops (a larger rival): what an early test
+    without its keep test would accept."""
+    counts = torch.zeros(4, dtype=torch.int64)
+    for draft_probs in (False, True):
+        args = top_p_early_batch(1025, torch.float32, draft_probs=draft_probs)
+        out = call(args, "cpu", return_logprobs=False)
+        logits, ids = args["target_logits"], args["draft_token_ids"]
+        share = torch.softmax(logits[:, :4] / args["temperature"][:, None, None], -1).gather(2, ids[..., None])[..., 0]
+        accepted = torch.arange(4)[None] < out.num_accepted[:, None]
+        wide = share > 1 - args["top_p"][:, None] + 0.02
+        probs = specdec_ops.process_logits(logits[:, :4], args["temperature"], None, args["top_p"], args["min_p"])
+        dropped = probs.gather(2, ids[..., None])[..., 0] == 0
+        counts += torch.tensor([int((accepted & wide).sum()), int((accepted & ~wide).sum()),
+                                int((out.num_accepted < 4).sum()), int((dropped & (share > 0.15)).sum())])
+    assert counts[0] >= 100 and counts[1] >= 5 and counts[2] >= 20 and counts[3] >= 10, counts
 
 
 @pytest.mark.cuda
@@ -1548,6 +1564,47 @@ def test_triton_split_filters_packed_bonus_ids_and_rates():
                                      bonus_rows=True, bonus_token_ids=None, rates=rates, chunk=64, block=16,
                                      radix_block=16)
     assert torch.equal(ids, ref.token_ids) and torch.equal(accepted, ref.num_accepted)
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["draft_probs", "one_hot"])
+def test_triton_top_p_early_acceptance_is_the_full_paths(draft_probs, monkeypatch):
+    """Without logprobs the split Triton kernels take top-p's early acceptance (chain_row_accepts_early: the row's
+    select skipped, tau = -1 for the walk); with logprobs every row runs its select. Same tokens bit for bit, the
+    C++ op's, padded (and packed), rows of 5 chunks; and the early path ran on a good share of the draft rows."""
+    import specdec_ops.logits as logits_module
+    from specdec_ops.logits import _launch_chain
+
+    taus = []
+    launch = logits_module._launch_filters
+
+    def recording(*a, **k):
+        tau, kept = launch(*a, **k)
+        taus.append(tau.clone())
+        return tau, kept
+
+    monkeypatch.setattr(logits_module, "_launch_filters", recording)
+    args = top_p_early_batch(1025, torch.bfloat16, draft_probs, batch=8)
+    params = tuple(args[n] for n in PARAMS)
+    batch, k = args["draft_token_ids"].shape
+    outs = [_launch_chain(args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"],
+                          args["draft_probs"], params, args["seeds"], args["offsets"], logprobs, batch, k, packed=False,
+                          bonus_rows=True, bonus_token_ids=None, rates=None, chunk=256, block=64, radix_block=64)
+            for logprobs in (False, True)]
+    early = taus[0].view(batch, k + 1)[:, :k] < 0
+    assert not (taus[1] < 0).any() and int(early.sum()) >= 6
+    # a draft outside its row's processed support (top-p or min-p drops it) is never accepted early, reached by the
+    # walk or not
+    probs = specdec_ops.process_logits(args["target_logits"][:, :k], args["temperature"], None, args["top_p"],
+                                       args["min_p"])
+    dropped = probs.gather(2, args["draft_token_ids"][..., None])[..., 0] == 0
+    assert int(dropped.sum()) >= 4 and not (early & dropped).any()
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    cpu = call(args, "cpu", return_logprobs=False)
+    assert torch.equal(outs[0][0], cpu.token_ids) and torch.equal(outs[0][1], cpu.num_accepted)
+    if draft_probs:
+        packed = call_packed(to_packed(args), "triton", k=k, return_logprobs=False)
+        assert torch.equal(packed.token_ids, cpu.token_ids)
 
 
 @pytest.mark.skipif("tree_rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")

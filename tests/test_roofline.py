@@ -182,8 +182,8 @@ def test_logits_cases_count_every_pass_over_the_rows():
     assert split.then.bytes_moved >= 64 * row
     # top-p: CUDA's draft rows accepted early (max, max read-back, the exp-sum over every entry), the bonus row's
     # 2 radix passes of 8 bits over the bf16 keys in the shared-memory share and its kept mass (each row once from
-    # HBM); Triton the split kernels with 4 radix launches (bf16: 16-bit keys; each row read once more per pass),
-    # the kept mass (once more), then the race
+    # HBM); Triton the split kernels with 4 radix launches (bf16: 16-bit keys; the bonus row read once more per
+    # pass, the draft rows taken by the early acceptance), the kept mass (the bonus row once more), then the race
     assert cases["logits_cuda_onehot_topp"].passes == 3 * rows + 2 + 1
     assert [p[:2] for p in cases["logits_cuda_onehot_topp"].phases] == \
         [("max", rows), ("max", rows), ("radix", 2), ("expsum", rows), ("race", 1)]
@@ -197,7 +197,8 @@ def test_logits_cases_count_every_pass_over_the_rows():
     assert [k.source.split(":")[1] for k in chain] == ["chain_row_partials_kernel", "chain_radix_pass_kernel",
                                                         "chain_kept_mass_kernel", "chain_walk_race_kernel"]
     assert [(k.passes, k.launches) for k in chain] == [(1, 1), (4, 4), (1, 1), (1, 1)]
-    assert chain[1].bytes_moved >= 4 * 64 * rows * row and chain[2].bytes_moved >= 64 * rows * row
+    assert chain[1].bytes_moved >= 4 * 64 * row and chain[2].bytes_moved >= 64 * row
+    assert chain[1].items == chain[2].items == 64 and chain[1].triton["constexprs"]["EARLY"]
     from specdec_ops.logits import _radix_passes
     assert chain[1].triton["constexprs"]["PASSES"] == chain[2].triton["constexprs"]["PASSES"] == \
         _radix_passes(torch.bfloat16) == 4

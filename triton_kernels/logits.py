@@ -809,6 +809,61 @@ def finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, slot, rows, j, top_p, p
     return radix_pick(hist, prefix, remaining, above, 28 - RADIX_BITS * passed, BY_MASS)
 
 
+@triton.jit
+def top_p_accepts_early(x_logit, u, q_x, m, t, top_p, total, vocab):
+    """Top-p's early acceptance of a sampled draft x with logit x_logit (sanitized), the split kernels' form of
+    csrc/logits/logits_split.h top_p_accepts_early, for a row whose only filter is top-p: True when this row's
+    select (chain_radix_pass_kernel) keeps x whatever its rounding, and u * q(x) < p_low, a lower bound on the p(x)
+    the walk would compute from the kept mass (chain_kept_mass_kernel). `total` is the row's sum of e over every
+    entry from its chunk partials (combined_row).
+
+    The masses here are float32 sums of float32 exponentials taken in different kernels, orders and forms
+    (partials against a running max, rescaled; tile, chunk and bin sums; the pick's sums from the top), so the
+    bound covers them all: with R the exact sum of e^z over the row, every computed mass of a set S of entries is
+    within (eps / 2) R + V 2.2e-9 of its exact mass, eps = 4 gamma + 2^-10 (gamma = V 2^-24 / (1 - V 2^-24): any
+    float sum of V non-negative terms; the terms with z >= -20 within 1e-4 relative, their arguments' roundings
+    and the approximate exponentials included; those below within 2.1e-9 each; a pick's difference of sums within
+    a few ulps of R). The select keeps x unless the computed mass of the entries above x's key reaches its target
+    top_p (1 - slack) (the computed total), so it keeps x when e_x > R_up (1 + eps / 2 - top_p (1 - slack)
+    (1 - eps)) + V 4.4e-9, R_up = (total + V 2.2e-9) (1 + eps) >= R; and any computed kept mass is at most
+    R_up (1 + eps / 2) + V 2.2e-9 =: bound, so p_low = e_x (1 - 2^-20) / bound (the 2^-20 for an exponential the
+    walk rounds apart). A few percent of the row's mass at V = 128256; the rest goes through the select."""
+    vf = tl.full([], vocab, tl.float32)
+    vu = vf * 5.9604644775390625e-08  # V 2^-24
+    eps = 4.0 * vu / (1.0 - vu) + 0.0009765625
+    r_up = (total + vf * 2.2e-9) * (1.0 + eps)
+    bound = (r_up * (1.0 + 0.5 * eps) + vf * 2.2e-9) * 1.0001
+    e = tl.exp(scaled(x_logit, m, t))
+    need = r_up * (1.0 + 0.5 * eps - top_p * (1.0 - TOP_P_SLACK) * (1.0 - eps)) + vf * 4.4e-9
+    keeps = (vu < 0.25) & (total > 0) & (e * 0.9999 > need * 1.0001)
+    p_low = tl.math.div_rn(e * 0.99999904632568359375, tl.maximum(bound, 1e-30))
+    return keeps & (u * q_x < p_low)
+
+
+@triton.jit
+def chain_row_accepts_early(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr,
+                            part_max_ptr, part_arg_ptr, part_sum_ptr, j, b, t, top_k, top_p, min_p, vocab, max_draft,
+                            num_draft_rows, bonus_rows, PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
+                            CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """Whether chain row j = b x (K+1) + k, a sampled row with top-p on, is a draft row whose draft top-p's early
+    acceptance takes (top_p_accepts_early; rows with top-k or min-p on never: their thresholds are not top-p's
+    alone). Every program of the row computes it from the same values."""
+    k = j % (max_draft + 1)
+    n, target_base, draft_base = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
+    is_draft = (k < n) & (top_k == 0) & (min_p == 0.0)
+    x = tl.load(draft_ids_ptr + draft_base + k, mask=is_draft, other=-1)
+    ok = is_draft & (x >= 0) & (x < vocab)
+    x_logit = logit_value(tl.load(logits_ptr + (target_base + k) * vocab + x, mask=ok, other=float("-inf"))
+                          .to(tl.float32))
+    q_x = 1.0
+    if HAS_DRAFT_PROBS:
+        q_x = tl.load(draft_probs_ptr + (draft_base + k) * vocab + x, mask=ok, other=0.0).to(tl.float32)
+        q_x = tl.where(q_x > 0, q_x, 0.0)
+    m, _, total = combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, j, t, CHUNKS, CHUNKS_P2)
+    u = draft_uniform(tl.load(seeds_ptr + b), tl.load(offsets_ptr + b), k)
+    return ok & top_p_accepts_early(x_logit, u, q_x, m, t, top_p, total, vocab)
+
+
 @triton.jit(do_not_specialize=["num_draft_rows", "step", "passed"])
 def chain_radix_pass_kernel(
     logits_ptr, lengths_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
@@ -818,23 +873,41 @@ def chain_radix_pass_kernel(
     acc_ptr,             # float32 [2, rows] by count: the rank left; by mass: the mass above the prefix
     goal_ptr,            # float32 [rows] top-p's target mass (stored by its pass 1)
     floor_ptr,           # int64 [rows] top-p's floor: top-k's threshold, z's key (stored by top-p's pass 0)
+    early_ptr,           # int8 [rows] (EARLY) 1: top-p's early acceptance took the row's draft (top-p's pass 0)
+    part_arg_ptr, part_sum_ptr,  # (EARLY) chain_row_partials_kernel's, for the row's total
+    draft_probs_ptr, draft_ids_ptr, seeds_ptr, offsets_ptr,  # (EARLY) the acceptance test's
     step, passed,        # this launch's pass in the call (its slot: step % 2) and in its select (from 0)
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
     HAS_BONUS: tl.constexpr, TREE: tl.constexpr, BY_MASS: tl.constexpr, PASSES: tl.constexpr,
+    EARLY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """One pass of the split radix select (BY_MASS: top-p's, else top-k's) over one chunk of one row."""
+    """One pass of the split radix select (BY_MASS: top-p's, else top-k's) over one chunk of one row. EARLY (chain
+    rows, no logprobs, no synthetic rates): top-p's first pass decides top-p's early acceptance of the row's
+    draft (chain_row_accepts_early; chunk 0 stores it), and a row it takes runs no pass of top-p's select."""
     j = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     rows = tl.num_programs(0).to(tl.int64)
     b, used, target_row = split_row(lengths_ptr, j, max_draft, num_draft_rows, bonus_rows, PACKED, HAS_BONUS, TREE)
-    t, top_k, top_p, _ = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T, HAS_K,
-                                         HAS_P, HAS_MIN_P)
+    t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
+                                             HAS_K, HAS_P, HAS_MIN_P)
     m = row_max_of_chunks(part_max_ptr, j, CHUNKS, CHUNKS_P2)
     sampled = used & (t > 0) & (m > float("-inf"))
     if BY_MASS:
         active = sampled & (top_p < 1.0)
+        if EARLY:
+            if active:
+                if passed == 0:
+                    early = chain_row_accepts_early(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr,
+                                                    seeds_ptr, offsets_ptr, part_max_ptr, part_arg_ptr, part_sum_ptr,
+                                                    j, b, t, top_k, top_p, min_p, vocab, max_draft, num_draft_rows,
+                                                    bonus_rows, PACKED, HAS_DRAFT_PROBS, CHUNKS, CHUNKS_P2)
+                    if c == 0:
+                        tl.store(early_ptr + j, early.to(tl.int8))
+                else:
+                    early = tl.load(early_ptr + j) != 0
+                active = active & (early == 0)
     else:
         active = sampled & (top_k > 0)
     if active:
@@ -877,15 +950,17 @@ def chain_radix_pass_kernel(
 def chain_kept_mass_kernel(
     logits_ptr, lengths_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_max_ptr,
     hist_ptr, prefix_ptr, acc_ptr, goal_ptr, floor_ptr,  # chain_radix_pass_kernel's workspaces
-    tau_ptr,             # int64 out [rows] the kept-key threshold (0: every entry kept)
+    tau_ptr,             # int64 out [rows] the kept-key threshold (0: every entry kept; -1: accepted early)
     part_kept_ptr,       # float32 out [rows, CHUNKS] the chunks' kept masses (where tau > 0)
+    early_ptr,           # int8 [rows] (EARLY) chain_radix_pass_kernel's early acceptances (rows with top-p on)
     step,                # the number of radix passes run before (the last one's slot: (step - 1) % 2)
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
-    HAS_BONUS: tl.constexpr, TREE: tl.constexpr, PASSES: tl.constexpr, CHUNKS: tl.constexpr,
+    HAS_BONUS: tl.constexpr, TREE: tl.constexpr, PASSES: tl.constexpr, EARLY: tl.constexpr, CHUNKS: tl.constexpr,
     CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """A row's threshold (row_stats: top-k's, raised by top-p's and by min-p's) and its chunk's kept mass."""
+    """A row's threshold (row_stats: top-k's, raised by top-p's and by min-p's) and its chunk's kept mass. A row
+    whose draft top-p's early acceptance took (EARLY) gets tau = -1 and no kept mass: the walk accepts it."""
     j = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     rows = tl.num_programs(0).to(tl.int64)
@@ -894,7 +969,13 @@ def chain_kept_mass_kernel(
                                              HAS_K, HAS_P, HAS_MIN_P)
     m = row_max_of_chunks(part_max_ptr, j, CHUNKS, CHUNKS_P2)
     tau = tl.full([], 0, tl.int64)
-    if used & (t > 0) & (m > float("-inf")):
+    early = tl.zeros([], tl.int32)
+    if EARLY:
+        if used & (t > 0) & (m > float("-inf")) & (top_p < 1.0):
+            early = (tl.load(early_ptr + j) != 0).to(tl.int32)
+    if early != 0:
+        tau = tl.full([], -1, tl.int64)
+    elif used & (t > 0) & (m > float("-inf")):
         # the slots of the selects' last passes: top-p's was the call's last (step - 1), top-k's the call's
         # pass PASSES - 1 (top-k runs first; a row that skips top-p's passes writes nothing in them). A pick of
         # an entry of the row is never 0 as z's key (z >= -inf, whose key is 0x7fffff).
@@ -936,7 +1017,7 @@ def chain_walk_race_kernel(
     token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, rates_ptr,
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, LOGPROBS: tl.constexpr,
-    HAS_BONUS: tl.constexpr, HAS_RATES: tl.constexpr, HAS_FILTERS: tl.constexpr,
+    HAS_BONUS: tl.constexpr, HAS_RATES: tl.constexpr, HAS_FILTERS: tl.constexpr, EARLY: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -945,7 +1026,8 @@ def chain_walk_race_kernel(
     row, its logprob NaN; HAS_RATES accepts a valid draft k iff u_k < rates[k]) on combined row statistics,
     then this program's chunk of the final race; the request's last program to finish writes the outputs.
     HAS_FILTERS: a row with a threshold (tau > 0) keeps {key >= tau} and its total is the sum of the chunks'
-    kept masses."""
+    kept masses; EARLY: a row with tau = -1 is a draft row whose draft top-p's early acceptance took
+    (chain_radix_pass_kernel): accepted."""
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1).to(tl.int64)
     n, target_base, draft_base = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
@@ -982,6 +1064,8 @@ def chain_walk_race_kernel(
             accept = sampled_accept(draft_uniform(seed, offset, k), entry_prob(x_logit, m, t, tau, total), x, k,
                                     is_draft, in_vocab, draft_probs_ptr + (draft_base + k) * vocab, rates_ptr,
                                     HAS_DRAFT_PROBS, HAS_RATES)
+            if EARLY:
+                accept = accept | (tau < 0)  # accepted early: the test against the kept mass would accept too
             token = x
             race = tl.where(accept, 0, 1).to(tl.int32)
         else:
