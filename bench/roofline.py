@@ -418,9 +418,28 @@ def _logits_grid(res, batch, parts):
 
 
 def _logits_unit_temperature_loop(text):
-    """The split kernel's exp-sum at temperature 1 (the scenario: no temperature tensor): the sweep without the
-    division by T (split_sum_sweep<.., kUnitT = true>, no MUFU.RCP); the max and race loops pass as they are."""
-    return "MUFU.EX2" not in text or PHILOX_CONSTANT in text or "MUFU.RCP" not in text
+    """The split kernel's loops that run at the scenario (temperature 1, finite logits, sampled rows, the
+    resident share's slice of 128: vthreads 1024 over 8 parts), of the several inlined versions of each pass:
+    - exp-sums: the sweep without the division by T (kUnitT, no MUFU.RCP), the first try without logit_value
+      (no FMNMX.NAN: logits_kernels.cu vthread_sum; the checked sum runs only where a NaN or +inf logit made
+      the first one non-finite) and with the slice as a constant (most loads at immediate offsets);
+    - the max read back from the share: the value-only fold of sampled rows (no FSETP: greedy rows' argmax
+      loop compares and keeps an index);
+    - the race: the fast bonus race at temperature 1 (race_mode 1, kRaceBonus): no expf (FFMA.RM), one
+      division and one log per entry, both on the cold path (a residual race takes two logs an entry, the
+      mode at other temperatures two divisions);
+    - radix histograms (ATOMS) as they are."""
+    if PHILOX_CONSTANT in text:
+        ex2 = text.count("MUFU.EX2")
+        return ("FFMA.RM" not in text and ex2 > 0 and text.count("FCHK") == ex2
+                and text.count("0.69314718") == ex2)
+    if "ATOMS" in text:
+        return True
+    if "MUFU.EX2" in text:
+        loads = re.findall(r"\bLDS\S*\s+\S+,\s*\[([^\]]*)\]", text)
+        immediate = sum(1 for a in loads if re.search(r"\+0x[0-9a-f]+$", a))
+        return "MUFU.RCP" not in text and "FMNMX.NAN" not in text and 2 * immediate >= len(loads)
+    return not ("HMNMX2" in text and "FSETP" in text)
 
 
 def logits_cases():

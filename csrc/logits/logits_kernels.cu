@@ -228,18 +228,79 @@ __device__ float token_logprob(const T* row, int64_t vocab, int64_t token, const
   return processed_logprob(z, order_key(z), r.tau, log_f(r.total));
 }
 
-// One entry i (logit x, random bits `bits`) of the exponential race over p (bonus: race.fallback) or,
-// `residual`, over max(p - q, 0) (q_row null: one-hot at `draft`) with its fallback over p
-// (vocab_split.h ResidualRace: p is raced only while no residual score is positive).
+// How a race computes an entry's p from its logit as read (logit_value not applied). kMode 0 (checked):
+// stats_prob of logit_value(x), the acceptance test's arithmetic. The fast modes (race_mode: races
+// without draft probabilities, the bonus race and a one-hot draft's residual, of rows with mass and no +inf
+// logit, m < FLT_MAX) take e = sum_exp_f(z) and p = e * (1 / S), 5 instructions an entry at temperature 1
+// (kMode 1; 2: any temperature, z = (x - m) / T as the kept mass takes it) against stats_prob's 20 (expf,
+// two divisions, logit_value). The kept test is the kept mass's (z >= kept_floor(tau)), a NaN logit gives
+// p = 0 or NaN, either no mass to the race as logit_value's -inf gives, and -inf gives 0: the races only see
+// p rounded otherwise (a few ulps: the winner moves only on a floating-point near-tie). Every CUDA chain
+// kernel picks the mode and rounds alike, so the single-block and split kernels stay equal bit for bit.
+// Races with draft probabilities keep mode 0: max(p - q, 0) at p == q must stay exactly 0.
 template <typename Q>
-__device__ __forceinline__ void race_entry(ResidualRace& race, float x, int64_t i, uint32_t bits, const RowStats& r,
-                                           float temperature, const Q* q_row, int64_t draft, bool residual) {
-  const float p = stats_prob(x, r, temperature);
-  if (residual) {
-    const float q = q_row != nullptr ? to_float(q_row[i]) : (i == draft ? 1.f : 0.f);
-    residual_race_update(race, p, q, bits, i);
+__device__ __forceinline__ int race_mode(const Q* q_row, const RowStats& r, float temperature) {
+  if (q_row != nullptr || !(r.total > 0.f) || !(r.m < FLT_MAX)) return 0;
+  return temperature == 1.f ? 1 : 2;
+}
+
+struct RaceScale {
+  float z_tau;      // kept_floor(tau)
+  float inv_total;  // 1 / S, rounded to nearest
+};
+
+__device__ __forceinline__ RaceScale race_scale(const RowStats& r) {
+  return RaceScale{kept_floor(r.tau), r.total > 0.f ? __frcp_rn(r.total) : 0.f};
+}
+
+// The fast modes' e = exp(z) of a kept entry (0 off the kept set; NaN for a NaN logit): p = e * inv_total.
+template <int kMode, bool kTau>
+__device__ __forceinline__ float race_exp(float x, const RowStats& r, float temperature, RaceScale f) {
+  static_assert(kMode != 0, "the checked mode takes stats_prob");
+  const float z = kMode == 1 ? x - r.m : scaled_logit(x, r.m, temperature);
+  if constexpr (kTau) {
+    if (!(z >= f.z_tau)) return 0.f;
+  }
+  return sum_exp_f(z);
+}
+
+// The fast loops' skip test before race_entry's own (which computes u and tests u bar <= (bar - mass) c): an
+// entry with e <= cut (1 - u), cut = (bar (1 - 2^-15)) S (race_cut: after each warp_raise_bar), scores below
+// bar, so it cannot win. Its mass is at most p = fl(e fl(1 / S)) <= bar (1 - 2^-15) (1 - u) (1 + 2^-24)^5, and
+// its score fl(mass / E) with E = fl(-logf(u)) >= -ln(u) (1 - 2^-22) >= (1 - u) (1 - 2^-22) is below
+// bar (1 - 2^-15) (1 + 2^-24)^6 / (1 - 2^-22) < bar. 1 - u comes exactly from the bits (philox.h
+// one_minus_uniform_from_mantissa): 3 instructions an entry against race_entry's 11. With bar <= 1e-30 (the
+// race still empty, or a residual race not yet positive: its fallback race runs) cut is -1, and no entry
+// (NaN e neither) is skipped. A bar raised later in the group leaves cut lower: it skips less, still soundly.
+__device__ __forceinline__ float race_cut(float bar, float total) {
+  return bar > 1e-30f ? bar * 0.999969482421875f * total : -1.f;
+}
+
+// kTau false (no filter tensors: tau 0 keeps every entry) leaves the kept test out: only a NaN z fails it,
+// whose p is then NaN, no mass all the same.
+template <int kMode, bool kTau>
+__device__ __forceinline__ float race_prob(float x, const RowStats& r, float temperature, RaceScale f) {
+  if constexpr (kMode == 0) {
+    return stats_prob(logit_value(x), r, temperature);
   } else {
+    return race_exp<kMode, kTau>(x, r, temperature, f) * f.inv_total;
+  }
+}
+
+// One entry i (probability p, random bits `bits`) of the exponential race over p (bonus: race.fallback) or,
+// `residual`, over max(p - q, 0) (q_row null: one-hot at `draft`) with its fallback over p
+// (vocab_split.h ResidualRace: p is raced only while no residual score is positive). kKind: kRaceAny as
+// `residual` and q_row say; the fast modes' loops know theirs (kRaceBonus, kRaceOneHot: q_row null).
+constexpr int kRaceBonus = 0, kRaceOneHot = 1, kRaceAny = 2;
+
+template <int kKind, typename Q>
+__device__ __forceinline__ void race_entry(ResidualRace& race, float p, int64_t i, uint32_t bits, const Q* q_row,
+                                           int64_t draft, bool residual) {
+  if (kKind == kRaceBonus || (kKind == kRaceAny && !residual)) {
     bonus_race_update(race, p, bits, i);
+  } else {
+    const float q = kKind == kRaceAny && q_row != nullptr ? to_float(q_row[i]) : (i == draft ? 1.f : 0.f);
+    residual_race_update(race, p, q, bits, i);
   }
 }
 
@@ -247,9 +308,28 @@ __device__ __forceinline__ void race_entry(ResidualRace& race, float x, int64_t 
 // the bonus race's; a residual race's fallback keeps its own bar).
 // (Two calls, not one on a selected member: a reference chosen at run time would put the race in
 // local memory.)
+template <int kKind>
 __device__ __forceinline__ void race_share_bar(ResidualRace& race, bool residual) {
-  if (residual) cuda::warp_raise_bar(race.residual_bar);
+  if (kKind == kRaceOneHot || (kKind == kRaceAny && residual)) cuda::warp_raise_bar(race.residual_bar);
   else cuda::warp_raise_bar(race.fallback_bar);
+}
+
+// f(mode, kind) with a race's mode (race_mode) and kind as constants: the checked mode runs one loop for
+// every kind (kRaceAny); each fast mode one loop for the bonus race and one for a one-hot residual.
+template <typename F>
+__device__ __forceinline__ void with_race_mode(int mode, bool residual, F&& f) {
+  using Any = std::integral_constant<int, kRaceAny>;
+  using Bonus = std::integral_constant<int, kRaceBonus>;
+  using OneHot = std::integral_constant<int, kRaceOneHot>;
+  if (mode == 1) {
+    if (residual) f(std::integral_constant<int, 1>{}, OneHot{});
+    else f(std::integral_constant<int, 1>{}, Bonus{});
+  } else if (mode == 2) {
+    if (residual) f(std::integral_constant<int, 2>{}, OneHot{});
+    else f(std::integral_constant<int, 2>{}, Bonus{});
+  } else {
+    f(std::integral_constant<int, 0>{}, Any{});
+  }
 }
 
 // Exponential race over p (bonus) or max(p - q, 0) (residual; q_row null: one-hot at
@@ -260,16 +340,20 @@ __device__ int64_t row_race(const T* row, const Q* q_row, int64_t draft, bool re
                             Shared& sh) {
   const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
   ResidualRace race = residual_race_init();
-  for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
-    const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
+  const RaceScale f = race_scale(r);
+  with_race_mode(race_mode(q_row, r, temperature), residual, [&](auto mode, auto kind) {
+    for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
+      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t i = 4 * g + j;
-      if (i >= vocab) break;
-      race_entry(race, load_logit(row, i), i, bits.x[j], r, temperature, q_row, draft, residual);
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = 4 * g + j;
+        if (i >= vocab) break;
+        const float p = race_prob<decltype(mode)::value, true>(to_float(row[i]), r, temperature, f);
+        race_entry<decltype(kind)::value>(race, p, i, bits.x[j], q_row, draft, residual);
+      }
+      race_share_bar<decltype(kind)::value>(race, residual);
     }
-    race_share_bar(race, residual);
-  }
+  });
   const ArgMax p_win = cuda::block_argmax(race.fallback, sh.argmax);
   if (!residual) return p_win.index;
   const ArgMax r_win = cuda::block_argmax(race.residual, sh.argmax);
@@ -539,10 +623,33 @@ __device__ __forceinline__ float piece_max(uint4 v, const __half*) {
   return fmaxf(__low2float(m), __high2float(m));
 }
 
+// The largest entry of a 16-byte piece folded into a running pair of maxima: 4 packed max instructions
+// for 8 entries (NaN never wins, as in piece_max).
+__device__ __forceinline__ void fold_piece_max(__nv_bfloat162& acc, uint4 v, const __nv_bfloat16*) {
+  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+  acc = __hmax2(acc, __hmax2(__hmax2(p[0], p[1]), __hmax2(p[2], p[3])));
+}
+__device__ __forceinline__ void fold_piece_max(__half2& acc, uint4 v, const __half*) {
+  const __half2* p = reinterpret_cast<const __half2*>(&v);
+  acc = __hmax2(acc, __hmax2(__hmax2(p[0], p[1]), __hmax2(p[2], p[3])));
+}
+template <typename T> struct Pair;
+template <> struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  __device__ static type neg_inf() { return type{__ushort_as_bfloat16(0xff80u), __ushort_as_bfloat16(0xff80u)}; }
+};
+template <> struct Pair<__half> {
+  using type = __half2;
+  __device__ static type neg_inf() { return type{__ushort_as_half(0xfc00u), __ushort_as_half(0xfc00u)}; }
+};
+
 // Pass: copy the share into `share` and take its max and first argmax. A thread visits its
 // positions, and so its entries, in increasing order, so a tie never replaces its best; a thread
 // whose entries are all -inf (or NaN) reports its first one, as split_max_sweep.
-template <typename T>
+// kIndex false (sampled rows, which use the max alone; greedy rows need the argmax): the max of 16-bit
+// shares folds into one pair of packed maxima (fold_piece_max, no comparison or index per piece) and the
+// index returned is logit_argmax_init's.
+template <bool kIndex, typename T>
 __device__ __forceinline__ ArgMax split_max_share(const T* __restrict__ row, int64_t V, T* share, SplitCtx& c,
                                                   SplitShared& sh) {
   float* buf = split_next_buffer(c);
@@ -588,7 +695,17 @@ __device__ __forceinline__ ArgMax split_max_share(const T* __restrict__ row, int
     if (i0 < V) first_e = threadIdx.x * E;
     // Entries increase with the position; whole pieces first (no per-entry bound), then the cut one.
     int e0 = threadIdx.x * E;
-    if constexpr (E == 8) {
+    if constexpr (E == 8 && !kIndex) {
+      // Whole pieces: (last - i0) / step + 1 of them from i0 (none when i0 > last).
+      const int pieces = i0 <= last ? static_cast<int>((last - i0) / step) + 1 : 0;
+      typename Pair<T>::type acc = Pair<T>::neg_inf();
+      const T* p0 = share + e0;
+#pragma unroll 4
+      for (int q = 0; q < pieces; ++q) fold_piece_max(acc, *reinterpret_cast<const uint4*>(p0 + q * stride * E), share);
+      e0 += pieces * stride * E;
+      i0 += pieces * step;
+      best_x = logit_value(fmaxf(to_float(acc.x), to_float(acc.y)));
+    } else if constexpr (E == 8) {
       // 16-bit entries: a piece's max in three packed max instructions (piece_max), one comparison per
       // piece; the first entry equal to the thread's max is found afterwards in the one piece that holds it.
       // A later piece only replaces an equal max if it is larger, so that piece is the first holding it.
@@ -648,7 +765,8 @@ __device__ __forceinline__ ArgMax split_max_share(const T* __restrict__ row, int
     }
   }
   ArgMax best = logit_argmax_init();
-  if (best_e >= 0) best = ArgMax{best_x, share_entry(best_e, shift, vthreads, base)};
+  if constexpr (!kIndex) best.score = best_x;
+  else if (best_e >= 0) best = ArgMax{best_x, share_entry(best_e, shift, vthreads, base)};
   else if (first_e >= 0) best = ArgMax{-INFINITY, share_entry(first_e, shift, vthreads, base)};
   best = split_block_argmax(best, logit_argmax_init(), sh);  // its barriers publish the share
   split_exchange(c, buf, best, logit_argmax_init(), logit_argmax_init(), sh);
@@ -667,38 +785,56 @@ __device__ __forceinline__ float kept_exp(float x, float m, float temperature, f
   return sum_exp_f(z);
 }
 
-template <int kVThreads, bool kUnitT, bool kTau, typename T>
+// One virtual thread's sum of kept_exp over src[0], src[stride], ..., src[(n - 1) stride] in turn, 16 loads in
+// flight (kStride: the stride as a constant, loads at immediate offsets; 0: `stride` at run time). The first
+// try leaves logit_value out (its NaN test and +inf clamp: 3 instructions of the 6 an entry takes). The
+// terms it changes are those of NaN logits (z NaN: the sum turns NaN; kept or not, never a finite term) and
+// +inf ones (z = +inf, m being FLT_MAX: the sum turns +inf); every other logit is its own logit_value
+// (-inf included). So a finite sum is the checked sum bit for bit, and a thread whose sum is not finite
+// (its share holds a NaN or +inf logit) sums again with logit_value: the checked sum is always finite (its
+// terms lie in [0, 1]).
+template <int kStride, bool kUnitT, bool kTau, typename T>
+__device__ __forceinline__ float vthread_sum(const T* __restrict__ src, int64_t stride_rt, int n, float m,
+                                             float temperature, float z_tau) {
+  constexpr int U = 16;
+  const int64_t stride = kStride ? kStride : stride_rt;
+  float s = 0.f;
+  int j = 0;
+  for (; j + (U - 1) < n; j += U) {
+    float x[U];
+#pragma unroll
+    for (int k = 0; k < U; ++k) x[k] = to_float(src[(j + k) * stride]);
+#pragma unroll
+    for (int k = 0; k < U; ++k) s += kept_exp<kUnitT, kTau>(x[k], m, temperature, z_tau);
+  }
+  for (; j < n; ++j) s += kept_exp<kUnitT, kTau>(to_float(src[j * stride]), m, temperature, z_tau);
+  if (s <= FLT_MAX) return s;
+  // The checked sum, in the same order (rare: no unrolling).
+  s = 0.f;
+#pragma unroll 1
+  for (j = 0; j < n; ++j) s += kept_exp<kUnitT, kTau>(logit_value(to_float(src[j * stride])), m, temperature, z_tau);
+  return s;
+}
+
+// kSlice: the share's slice as a constant (split_sum picks it where slice == kSplitThreads), else 0.
+template <int kVThreads, int kSlice, bool kUnitT, bool kTau, typename T>
 __device__ __forceinline__ void split_sum_share_sweep(const T* __restrict__ share, int64_t V, float m,
                                                       float temperature, float z_tau, const SplitCtx& c,
                                                       float* vsum) {
-  constexpr int U = 16;  // entries of one virtual thread in flight
   const int64_t vthreads = kVThreads ? kVThreads : c.l.vthreads;
-  const int slice = static_cast<int>(split_share_slice(c.l));
+  const int slice = kSlice ? kSlice : static_cast<int>(split_share_slice(c.l));
   for (int h = 0; h < c.l.per_thread; ++h) {
     const int o = h * c.l.threads + threadIdx.x;
     const int64_t first = c.part * slice + o;  // the virtual thread's first entry
     const int n = first < V ? static_cast<int>((V - first + vthreads - 1) / vthreads) : 0;
-    const T* src = share + o;
-    float s = 0.f;
-    int j = 0;
-    for (; j + (U - 1) < n; j += U) {
-      float x[U];
-#pragma unroll
-      for (int k = 0; k < U; ++k) x[k] = logit_value(to_float(src[(j + k) * slice]));
-#pragma unroll
-      for (int k = 0; k < U; ++k) s += kept_exp<kUnitT, kTau>(x[k], m, temperature, z_tau);
-    }
-    for (; j < n; ++j) {
-      const float x = logit_value(to_float(src[j * slice]));
-      s += kept_exp<kUnitT, kTau>(x, m, temperature, z_tau);
-    }
+    float s = vthread_sum<kSlice, kUnitT, kTau>(share + o, slice, n, m, temperature, z_tau);
     s = split_warp_sum(s);
     if ((threadIdx.x & 31) == 0) vsum[first >> 5] = s;
   }
 }
 
 // Pass: split_race over the share's groups of 4 (whole groups: 4 divides slice).
-template <typename T, typename Q>
+template <bool kTau, typename T, typename Q>
 __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_row, int64_t draft, bool residual,
                                                     int64_t V, const RowStats& r, float temperature, uint64_t seed,
                                                     uint64_t offset, uint32_t position, SplitCtx& c,
@@ -710,20 +846,46 @@ __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_r
   const int64_t vthreads = c.l.vthreads, base = c.part * slice;
   const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
   ResidualRace race = residual_race_init();
-  for (int q = threadIdx.x; q < groups; q += blockDim.x) {
-    const int64_t i0 = share_entry(4 * q, shift, vthreads, base);
-    if (i0 >= V) break;  // entries increase with the position
-    float x[4];
-    cuda::load4_full<true>(share, 4 * q, x);
-    const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(i0 >> 2));
+  const RaceScale f = race_scale(r);
+  with_race_mode(race_mode(q_row, r, temperature), residual, [&](auto mode, auto kind) {
+    // The groups wholly inside the row (a prefix of the thread's: entries increase with the position), then
+    // the one the row's end cuts (V % 4 != 0), entry by entry, outside the loop.
+    constexpr int kMode = decltype(mode)::value, kKind = decltype(kind)::value;
+    float cut = -1.f;  // race_cut of the race's bar (fast modes)
+    const auto group = [&](int q, int64_t i0, int n) {
+      float x[4];
+      cuda::load4_full<true>(share, 4 * q, x);
+      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(i0 >> 2));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t i = i0 + j;
-      if (i >= V) break;
-      race_entry(race, logit_value(x[j]), i, bits.x[j], r, temperature, q_row, draft, residual);
+      for (int j = 0; j < 4; ++j) {
+        if (j >= n) break;
+        if constexpr (kMode != 0) {
+          const float e = race_exp<kMode, kTau>(x[j], r, temperature, f);
+          if (e <= cut * one_minus_uniform_from_mantissa(bits.x[j])) continue;
+          race_entry<kKind>(race, e * f.inv_total, i0 + j, bits.x[j], q_row, draft, residual);
+        } else {
+          race_entry<kKind>(race, race_prob<0, kTau>(x[j], r, temperature, f), i0 + j, bits.x[j], q_row, draft,
+                            residual);
+        }
+      }
+    };
+    int q = threadIdx.x;
+    // 4 blockDim.x positions are whole slices (both powers of two, slice = vthreads / parts <= 512 = 4 x 128 with
+    // parts >= 2), so a thread's next group lies a fixed number of entries further on: i0 advances by a constant
+    // instead of share_entry's shifts and multiply.
+    const int64_t advance = static_cast<int64_t>(4 * static_cast<int>(blockDim.x) / slice) * vthreads;
+    for (int64_t i0 = share_entry(4 * q, shift, vthreads, base); q < groups; q += blockDim.x) {
+      if (i0 + 4 > V) break;
+      group(q, i0, 4);
+      i0 += advance;
+      race_share_bar<kKind>(race, residual);
+      if constexpr (kMode != 0) cut = race_cut(kKind == kRaceOneHot ? race.residual_bar : race.fallback_bar, r.total);
     }
-    race_share_bar(race, residual);
-  }
+    if (q < groups) {
+      const int64_t i0 = share_entry(4 * q, shift, vthreads, base);
+      if (i0 < V) group(q, i0, static_cast<int>(V - i0));
+    }
+  });
   return split_race_winner(race.fallback, race.residual, residual, c, buf, sh);
 }
 
@@ -734,23 +896,12 @@ __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_r
 template <int kVThreads, bool kUnitT, bool kTau, typename T>
 __device__ __forceinline__ void split_sum_sweep(const T* __restrict__ row, int64_t V, float m, float temperature,
                                                 float z_tau, const SplitCtx& c, float* vsum) {
-  constexpr int U = 16;  // entries of one virtual thread in flight
   const int64_t vthreads = kVThreads ? kVThreads : c.l.vthreads;
   for (int h = 0; h < c.l.per_thread; ++h) {
     const int64_t first = split_first_vthread(c.l, c.part, h);
-    int64_t i = first + threadIdx.x;
-    float s = 0.f;
-    for (; i + (U - 1) * vthreads < V; i += U * vthreads) {
-      float x[U];
-#pragma unroll
-      for (int k = 0; k < U; ++k) x[k] = load_logit(row, i + k * vthreads);
-#pragma unroll
-      for (int k = 0; k < U; ++k) s += kept_exp<kUnitT, kTau>(x[k], m, temperature, z_tau);
-    }
-    for (; i < V; i += vthreads) {
-      const float x = load_logit(row, i);
-      s += kept_exp<kUnitT, kTau>(x, m, temperature, z_tau);
-    }
+    const int64_t i = first + threadIdx.x;
+    const int n = i < V ? static_cast<int>((V - i + vthreads - 1) / vthreads) : 0;
+    float s = vthread_sum<kVThreads, kUnitT, kTau>(row + i, vthreads, n, m, temperature, z_tau);
     s = split_warp_sum(s);
     if ((threadIdx.x & 31) == 0) vsum[(first + threadIdx.x) >> 5] = s;
   }
@@ -763,21 +914,30 @@ __device__ __forceinline__ float split_sum(const T* src, int64_t V, float m, flo
                                            SplitShared& sh, uint32_t tau = 0u) {
   float* buf = split_next_buffer(c);
   const float z_tau = kept_floor(tau);  // order_key(z) >= tau: z >= z_tau
-  const auto sweep = [&](auto vthreads, auto unit_t) {
-    constexpr int kV = decltype(vthreads)::value;
-    constexpr bool kU = decltype(unit_t)::value;
-    if constexpr (kShare) split_sum_share_sweep<kV, kU, kTau>(src, V, m, temperature, z_tau, c, buf);
-    else split_sum_sweep<kV, kU, kTau>(src, V, m, temperature, z_tau, c, buf);
+  // tau 0 keeps every entry: the sweep without the kept test (the same terms in the same order: the kept
+  // test only turns a NaN z's term, which the sum then sums again checked, into 0).
+  const auto sweep = [&](auto unit_t, auto tau_t) {
+    constexpr bool kU = decltype(unit_t)::value, kT = decltype(tau_t)::value;
+    if constexpr (kShare) {
+      // The large vocabularies' layout (vthreads 1024, one virtual thread per real thread) with the slice
+      // as a constant: the loads at immediate offsets.
+      if (c.l.vthreads == kMaxThreads && split_share_slice(c.l) == kSplitThreads)
+        split_sum_share_sweep<kMaxThreads, kSplitThreads, kU, kT>(src, V, m, temperature, z_tau, c, buf);
+      else if (c.l.vthreads == kMaxThreads)
+        split_sum_share_sweep<kMaxThreads, 0, kU, kT>(src, V, m, temperature, z_tau, c, buf);
+      else
+        split_sum_share_sweep<0, 0, kU, kT>(src, V, m, temperature, z_tau, c, buf);
+    } else {
+      if (c.l.vthreads == kMaxThreads) split_sum_sweep<kMaxThreads, kU, kT>(src, V, m, temperature, z_tau, c, buf);
+      else split_sum_sweep<0, kU, kT>(src, V, m, temperature, z_tau, c, buf);
+    }
   };
-  using Full = std::integral_constant<int, kMaxThreads>;
-  using Any = std::integral_constant<int, 0>;
-  if (temperature == 1.f) {
-    if (c.l.vthreads == kMaxThreads) sweep(Full{}, std::true_type{});
-    else sweep(Any{}, std::true_type{});
-  } else {
-    if (c.l.vthreads == kMaxThreads) sweep(Full{}, std::false_type{});
-    else sweep(Any{}, std::false_type{});
-  }
+  const auto sweep_t = [&](auto unit_t) {
+    if (kTau && tau != 0u) sweep(unit_t, std::integral_constant<bool, kTau>{});
+    else sweep(unit_t, std::false_type{});
+  };
+  if (temperature == 1.f) sweep_t(std::true_type{});
+  else sweep_t(std::false_type{});
   split_exchange(c, buf, argmax_init(), argmax_init(), argmax_init(), sh);
   if (threadIdx.x < 32) {
     // The single-block kernel's last step: the shuffle tree over the warp sums.
@@ -792,7 +952,7 @@ __device__ __forceinline__ float split_sum(const T* src, int64_t V, float m, flo
 }
 
 // Pass: row_race over this block's groups; the residual and p races merge separately.
-template <typename T, typename Q>
+template <bool kTau, typename T, typename Q>
 __device__ __forceinline__ int64_t split_race(const T* row, const Q* q_row, int64_t draft, bool residual, int64_t V,
                               const RowStats& r, float temperature, uint64_t seed, uint64_t offset, uint32_t position,
                               SplitCtx& c, SplitShared& sh) {
@@ -800,16 +960,20 @@ __device__ __forceinline__ int64_t split_race(const T* row, const Q* q_row, int6
   const GroupRange range = vocab_part(V, c.l.parts, c.part);
   const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
   ResidualRace race = residual_race_init();
-  for (int64_t g = range.begin + threadIdx.x; g < range.end; g += blockDim.x) {
-    const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
+  const RaceScale f = race_scale(r);
+  with_race_mode(race_mode(q_row, r, temperature), residual, [&](auto mode, auto kind) {
+    for (int64_t g = range.begin + threadIdx.x; g < range.end; g += blockDim.x) {
+      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t i = 4 * g + j;
-      if (i >= V) break;
-      race_entry(race, load_logit(row, i), i, bits.x[j], r, temperature, q_row, draft, residual);
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = 4 * g + j;
+        if (i >= V) break;
+        const float p = race_prob<decltype(mode)::value, kTau>(to_float(row[i]), r, temperature, f);
+        race_entry<decltype(kind)::value>(race, p, i, bits.x[j], q_row, draft, residual);
+      }
+      race_share_bar<decltype(kind)::value>(race, residual);
     }
-    race_share_bar(race, residual);
-  }
+  });
   return split_race_winner(race.fallback, race.residual, residual, c, buf, sh);
 }
 
@@ -1015,7 +1179,8 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
     if (!is_draft && p.bonus_token_ids != nullptr) break;  // the bonus row is not read (it may be absent)
     const T* row = logits + (rows.target_base + k) * V;
     ArgMax mx;
-    if constexpr (kResident) mx = split_max_share(row, V, share, c, sh);
+    if constexpr (kResident)
+      mx = row_is_greedy(s) ? split_max_share<true>(row, V, share, c, sh) : split_max_share<false>(row, V, share, c, sh);
     else mx = split_max(row, V, c, sh);
     const T* const src = kResident ? share : row;  // what the kept mass and the race read
     RowStats r{mx.score, mx.index, 0u, 0.f};  // no filters: tau 0 keeps every entry
@@ -1078,10 +1243,10 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
       } else {
         const Q* q_row = is_draft && draft != nullptr ? draft + (rows.draft_base + k) * V : nullptr;
         if constexpr (kResident)
-          token = split_race_share(share, q_row, x, is_draft, V, r, s.temperature, seed, offset,
+          token = split_race_share<kFiltered>(share, q_row, x, is_draft, V, r, s.temperature, seed, offset,
                                    static_cast<uint32_t>(k), c, sh);
         else
-          token = split_race(row, q_row, x, is_draft, V, r, s.temperature, seed, offset, static_cast<uint32_t>(k), c,
+          token = split_race<kFiltered>(row, q_row, x, is_draft, V, r, s.temperature, seed, offset, static_cast<uint32_t>(k), c,
                              sh);
       }
     }

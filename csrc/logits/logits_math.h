@@ -87,14 +87,18 @@ SPECDEC_HD float exp_f(float z) {
 }
 
 // e^z as a term of a row's normalizer (the kept mass S, a greedy row's sum of exp(x - m)). On the GPU
-// the approximate exponential (__expf: ex2.approx of z * log2(e), 2 instructions against expf's 8;
-// CUDA's documented error bound 2 + 1.173 |z| ulp, under 11 ulp where z >= -8 and the sum's mass lies)
-// as Triton's tl.exp: far under the float32 rounding of a sum of 10^5 terms. Elsewhere exp_f. A single
-// entry's probability (acceptance tests, races, logprobs' numerators) and the radix select's masses
-// keep exp_f. Every CUDA kernel sums with it, in the single-block kernel's order (bit for bit).
+// the approximate exponential with flush to zero: ex2.approx.ftz of z * log2(e), 2 instructions (__expf
+// without -ftz adds three for subnormal results; expf takes 8). Its error is __expf's (CUDA's documented
+// bound 2 + 1.173 |z| ulp, under 11 ulp where z >= -8 and the sum's mass lies), except that a term below
+// 2^-126 (z < -87.3) is 0: a sum that reaches 1 (every row's: its max term is e^0) cannot tell. As Triton's
+// tl.exp: far under the float32 rounding of a sum of 10^5 terms. Elsewhere exp_f. A single entry's
+// probability (acceptance tests, logprobs' numerators) and the radix select's masses keep exp_f. Every
+// CUDA kernel sums with it, in the single-block kernel's order (bit for bit).
 SPECDEC_HD float sum_exp_f(float z) {
 #if defined(__CUDA_ARCH__)
-  return __expf(z);
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * 1.44269502162933349609375f));
+  return e;
 #else
   return std::exp(z);
 #endif

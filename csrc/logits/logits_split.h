@@ -143,8 +143,9 @@ SPECDEC_HD unsigned long long split_join_u64(unsigned lo, unsigned hi) {
 //   double rounding),
 // so M < target when (1 - g) E + (g V + 1) 2^-40 < e_x. E is bounded from `total`: a float32 sum of V
 // non-negative terms in any order is within gamma = V u / (1 - V u) (u = 2^-24) of their exact sum, so their
-// exact sum is at most total / (1 - gamma); a term sum_exp_f(z) (__expf on the GPU: 2 + 1.173 |z| ulp) is
-// within 1e-5 of exp_f(z) relative where z >= -20, and exp_f(z) < 2.1e-9 below that. Vocabularies of 2^22
+// exact sum is at most total / (1 - gamma); a term sum_exp_f(z) (ex2.approx.ftz on the GPU: __expf's
+// 2 + 1.173 |z| ulp, nothing flushed there) is within 1e-5 of exp_f(z) relative where z >= -20, and
+// exp_f(z) < 2.1e-9 below that. Vocabularies of 2^22
 // and more are never kept this way (gamma would pass 1/4). Conservative: it finds the kept x whose share of
 // `total` passes (1 - top_p) (1 + gamma + 1e-5) (1 - top_p + 0.08% at top_p 0.9, V = 128256); the select
 // decides the rest.

@@ -19,6 +19,25 @@ static void test_philox_known_answers() {
   CHECK(ones.x[0] == 0x408F276Du && ones.x[1] == 0x41C83B0Eu && ones.x[2] == 0xA20BC7C6u && ones.x[3] == 0x6D5451FDu);
 }
 
+// The GPU's uniforms come from float bits (philox.h bits_to_uniform_from_mantissa, and 1 - u for the logits
+// race's skip test): equal to the integer formula, and 1 - u exact, for every one of the 2^23 values of k (the
+// low 9 bits are dropped: a few patterns of them with each k).
+static void test_uniform_from_mantissa_is_the_integer_formula() {
+  int bad = 0, bad_complement = 0;
+  for (uint32_t k = 0; k < (1u << 23); ++k) {
+    const uint32_t bits = (k << 9) | ((k * 2654435761u) & 0x1ffu);
+    const float u = static_cast<float>((k << 1) | 1u) * 5.9604644775390625e-08f;
+    bad += bits_to_uniform_from_mantissa(bits) != u;
+    bad_complement += one_minus_uniform_from_mantissa(bits) != static_cast<float>((1u << 24) - 2 * k - 1) *
+                                                                    5.9604644775390625e-08f;
+  }
+  CHECK(bad == 0);
+  CHECK(bad_complement == 0);
+  CHECK(bits_to_uniform_from_mantissa(0u) == bits_to_uniform(0u));
+  CHECK(bits_to_uniform_from_mantissa(0xFFFFFFFFu) == bits_to_uniform(0xFFFFFFFFu));
+  CHECK(one_minus_uniform_from_mantissa(0xFFFFFFFFu) == 5.9604644775390625e-08f);
+}
+
 static void test_uniform_range_and_layout() {
   CHECK(bits_to_uniform(0u) > 0.f);
   CHECK(bits_to_uniform(0xFFFFFFFFu) < 1.f);
@@ -158,6 +177,7 @@ static void test_engine_keyword_helpers() {
 int main() {
   test_philox_known_answers();
   test_uniform_range_and_layout();
+  test_uniform_from_mantissa_is_the_integer_formula();
   test_mass_and_acceptance();
   test_argmax_first_index_on_ties();
   test_race_skipping_never_changes_the_winner();
