@@ -1164,8 +1164,9 @@ def test_cuda_top_p_early_acceptance_is_the_full_paths(draft_probs, vocab, dtype
     """Without logprobs, a draft row whose filters are top-p (and min-p) is accepted before its select when top-p
     surely keeps the draft and the test against the sum over every entry accepts it (logits_split.h
     top_p_accepts_early); with logprobs every row runs the select and the kept mass. The split kernel gives the
-    same tokens both ways, bit for bit (the early test never accepts what the full path rejects, and rejects only
-    into the full path), and the C++ op's up to near-ties."""
+    same tokens both ways (the early test never accepts what the full path rejects, and rejects only into the full
+    path; a bonus row at temperature 1 takes the early bonus token, the filtered race's winner up to a
+    floating-point near-tie: its scores divide by another sum), and the C++ op's up to near-ties."""
     args = top_p_early_batch(vocab, dtype, draft_probs)
     cuda = _to(args, "cuda")
     fast = call(cuda, "cuda", return_logprobs=False)
@@ -1176,6 +1177,46 @@ def test_cuda_top_p_early_acceptance_is_the_full_paths(draft_probs, vocab, dtype
     assert (fast.token_ids.cpu() == cpu.token_ids).all(-1).float().mean() >= 0.95
     packed = call_packed(_to(to_packed(args), "cuda"), "cuda", k=4, return_logprobs=False)
     assert torch.equal(packed.token_ids, fast.token_ids)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_top_p_early_bonus_is_distributed_as_the_kept_entries(dtype):
+    """Every draft accepted (its logit 40 above the rest), so the bonus row gives the last token. At temperature 1
+    with top-p (and min-p) the split kernel races the bonus row without its select and keeps the winner where top-p
+    surely keeps it (logits_split.h top_p_verdict_above), racing again above a winner it drops, into the full path
+    after 4 rounds. Chi-square at alpha 1e-4 over 64 x 160 draws per setting against process_logits' distribution
+    on a flat row (V = 1025): top_p 0.9 keeps about 9 winners in 10, 0.5 half of them, 0.05 needs more rounds than
+    it gets; min-p drops winners top-p keeps. With logprobs every row runs the select: the same tokens up to
+    near-ties."""
+    vocab, batch, calls = 1025, 64, 160
+    g = torch.Generator().manual_seed(5)
+    row = torch.randn(vocab, generator=g).to(dtype).float()
+    for top_p, min_p in ((0.9, 0.0), (0.5, 0.0), (0.05, 0.0), (0.9, 0.3)):
+        logits = torch.randn(batch, 3, vocab, generator=g)
+        ids = torch.randint(0, vocab, (batch, 2), generator=g)
+        logits[torch.arange(batch)[:, None], torch.arange(2)[None], ids] = 40.0
+        logits[:, 2] = row
+        args = dict(target_logits=logits.to(dtype).cuda(), draft_token_ids=ids.cuda(),
+                    num_draft_tokens=torch.full((batch,), 2).cuda(), draft_probs=None,
+                    top_p=torch.full((batch,), top_p).cuda(), min_p=torch.full((batch,), min_p).cuda())
+        counts = torch.zeros(vocab, dtype=torch.float64)
+        same = 0
+        for c in range(calls):
+            seeds = (torch.arange(batch) * 7919 + c * 104729 + 11).cuda()
+            fast = call(dict(args, seeds=seeds), "cuda", return_logprobs=False)
+            full = call(dict(args, seeds=seeds), "cuda", return_logprobs=True)
+            assert bool((fast.num_accepted == 2).all())
+            counts += torch.bincount(fast.token_ids[:, 2].cpu(), minlength=vocab).double()
+            same += int((fast.token_ids == full.token_ids).all(-1).sum())
+        assert same >= 0.999 * batch * calls, (top_p, min_p, same)
+        expected = specdec_ops.process_logits(row[None], torch.tensor([1.0]), None, torch.tensor([top_p]),
+                                              torch.tensor([min_p]), backend="cpu")[0].double()
+        support = expected > 0
+        assert counts[~support].sum() == 0, (top_p, min_p)
+        total = counts.sum()
+        assert scipy.stats.chisquare(counts[support].numpy(), (expected[support] * total).numpy()).pvalue > ALPHA, \
+            (top_p, min_p)
 
 
 def test_top_p_early_batch_reaches_both_sides_of_the_margin():

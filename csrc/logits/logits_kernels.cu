@@ -26,8 +26,12 @@
 // race read it there. A draft row whose filters are top-p (and min-p) first takes one exp-sum pass over
 // every entry: a draft that top-p surely keeps and that the test against that sum accepts is accepted
 // there (logits_split.h top_p_accepts_early: never a decision the select would not make), so of a
-// request's accepted rows most skip the radix select, and its last row (the rejection or the bonus row)
-// runs it.
+// request's accepted rows most skip the radix select; its bonus row (temperature 1) races without the select
+// and keeps the winner where top-p surely keeps it (logits_split.h top_p_verdict_above), racing again above a
+// winner it drops: only a rejected row runs the select. Exp-sums first sum without logit_value (a NaN or +inf
+// logit makes the sum non-finite, and that virtual thread sums again checked: the same sum bit for bit); races
+// without draft probabilities at temperature 1 take p = e / S from the approximate exponential and skip, before
+// their own test, every entry whose e is below the bar's cut (race_cut).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -229,19 +233,19 @@ __device__ float token_logprob(const T* row, int64_t vocab, int64_t token, const
 }
 
 // How a race computes an entry's p from its logit as read (logit_value not applied). kMode 0 (checked):
-// stats_prob of logit_value(x), the acceptance test's arithmetic. The fast modes (race_mode: races
-// without draft probabilities, the bonus race and a one-hot draft's residual, of rows with mass and no +inf
-// logit, m < FLT_MAX) take e = sum_exp_f(z) and p = e * (1 / S), 5 instructions an entry at temperature 1
-// (kMode 1; 2: any temperature, z = (x - m) / T as the kept mass takes it) against stats_prob's 20 (expf,
-// two divisions, logit_value). The kept test is the kept mass's (z >= kept_floor(tau)), a NaN logit gives
+// stats_prob of logit_value(x), the acceptance test's arithmetic. The fast mode (kMode 1, race_mode: races
+// without draft probabilities, the bonus race and a one-hot draft's residual, at temperature 1, of rows with
+// mass and no +inf logit, m < FLT_MAX) takes z = x - m, e = sum_exp_f(z) and p = e * (1 / S): 5 instructions
+// an entry against stats_prob's 20 (expf, two divisions, logit_value). (Other temperatures keep mode 0: a
+// fast loop per temperature kind would add two more race loops to every kernel and a minute to the build.)
+// The kept test is the kept mass's (z >= kept_floor(tau)), a NaN logit gives
 // p = 0 or NaN, either no mass to the race as logit_value's -inf gives, and -inf gives 0: the races only see
 // p rounded otherwise (a few ulps: the winner moves only on a floating-point near-tie). Every CUDA chain
 // kernel picks the mode and rounds alike, so the single-block and split kernels stay equal bit for bit.
 // Races with draft probabilities keep mode 0: max(p - q, 0) at p == q must stay exactly 0.
 template <typename Q>
 __device__ __forceinline__ int race_mode(const Q* q_row, const RowStats& r, float temperature) {
-  if (q_row != nullptr || !(r.total > 0.f) || !(r.m < FLT_MAX)) return 0;
-  return temperature == 1.f ? 1 : 2;
+  return q_row == nullptr && r.total > 0.f && r.m < FLT_MAX && temperature == 1.f ? 1 : 0;
 }
 
 struct RaceScale {
@@ -253,11 +257,11 @@ __device__ __forceinline__ RaceScale race_scale(const RowStats& r) {
   return RaceScale{kept_floor(r.tau), r.total > 0.f ? __frcp_rn(r.total) : 0.f};
 }
 
-// The fast modes' e = exp(z) of a kept entry (0 off the kept set; NaN for a NaN logit): p = e * inv_total.
+// The fast mode's e = exp(z) of a kept entry (0 off the kept set; NaN for a NaN logit): p = e * inv_total.
 template <int kMode, bool kTau>
-__device__ __forceinline__ float race_exp(float x, const RowStats& r, float temperature, RaceScale f) {
-  static_assert(kMode != 0, "the checked mode takes stats_prob");
-  const float z = kMode == 1 ? x - r.m : scaled_logit(x, r.m, temperature);
+__device__ __forceinline__ float race_exp(float x, const RowStats& r, float, RaceScale f) {
+  static_assert(kMode == 1, "the checked mode takes stats_prob");
+  const float z = x - r.m;
   if constexpr (kTau) {
     if (!(z >= f.z_tau)) return 0.f;
   }
@@ -268,10 +272,11 @@ __device__ __forceinline__ float race_exp(float x, const RowStats& r, float temp
 // entry with e <= cut (1 - u), cut = (bar (1 - 2^-15)) S (race_cut: after each warp_raise_bar), scores below
 // bar, so it cannot win. Its mass is at most p = fl(e fl(1 / S)) <= bar (1 - 2^-15) (1 - u) (1 + 2^-24)^5, and
 // its score fl(mass / E) with E = fl(-logf(u)) >= -ln(u) (1 - 2^-22) >= (1 - u) (1 - 2^-22) is below
-// bar (1 - 2^-15) (1 + 2^-24)^6 / (1 - 2^-22) < bar. 1 - u comes exactly from the bits (philox.h
-// one_minus_uniform_from_mantissa): 3 instructions an entry against race_entry's 11. With bar <= 1e-30 (the
-// race still empty, or a residual race not yet positive: its fallback race runs) cut is -1, and no entry
-// (NaN e neither) is skipped. A bar raised later in the group leaves cut lower: it skips less, still soundly.
+// bar (1 - 2^-15) (1 + 2^-24)^6 / (1 - 2^-22) < bar. cut (1 - u) as fma(-cut, u, cut): one rounding of the same
+// exact value (u from the bits, philox.h bits_to_uniform_from_mantissa): 4 instructions an entry against
+// race_entry's 11. With bar <= 1e-30 (the race still empty, or a residual race not yet positive: its fallback
+// race runs) cut is -1, and no entry (NaN e neither) is skipped. A bar raised later in the group leaves cut
+// lower: it skips less, still soundly.
 __device__ __forceinline__ float race_cut(float bar, float total) {
   return bar > 1e-30f ? bar * 0.999969482421875f * total : -1.f;
 }
@@ -324,12 +329,35 @@ __device__ __forceinline__ void with_race_mode(int mode, bool residual, F&& f) {
   if (mode == 1) {
     if (residual) f(std::integral_constant<int, 1>{}, OneHot{});
     else f(std::integral_constant<int, 1>{}, Bonus{});
-  } else if (mode == 2) {
-    if (residual) f(std::integral_constant<int, 2>{}, OneHot{});
-    else f(std::integral_constant<int, 2>{}, Bonus{});
   } else {
     f(std::integral_constant<int, 0>{}, Any{});
   }
+}
+
+// A thread's part of a race over the row's groups of 4 entries g = first, first + blockDim.x, ... < end
+// (entries past the vocabulary left out), in the mode race_mode picks.
+template <bool kTau, typename T, typename Q>
+__device__ __forceinline__ ResidualRace race_groups(const T* row, const Q* q_row, int64_t draft, bool residual,
+                                                    int64_t vocab, int64_t first, int64_t end, const RowStats& r,
+                                                    float temperature, uint64_t seed, uint64_t offset,
+                                                    uint32_t position) {
+  const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
+  ResidualRace race = residual_race_init();
+  const RaceScale f = race_scale(r);
+  with_race_mode(race_mode(q_row, r, temperature), residual, [&](auto mode, auto kind) {
+    for (int64_t g = first; g < end; g += blockDim.x) {
+      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = 4 * g + j;
+        if (i >= vocab) break;
+        const float p = race_prob<decltype(mode)::value, kTau>(to_float(row[i]), r, temperature, f);
+        race_entry<decltype(kind)::value>(race, p, i, bits.x[j], q_row, draft, residual);
+      }
+      race_share_bar<decltype(kind)::value>(race, residual);
+    }
+  });
+  return race;
 }
 
 // Exponential race over p (bonus) or max(p - q, 0) (residual; q_row null: one-hot at
@@ -338,22 +366,8 @@ template <typename T, typename Q>
 __device__ int64_t row_race(const T* row, const Q* q_row, int64_t draft, bool residual, int64_t vocab,
                             const RowStats& r, float temperature, uint64_t seed, uint64_t offset, uint32_t position,
                             Shared& sh) {
-  const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
-  ResidualRace race = residual_race_init();
-  const RaceScale f = race_scale(r);
-  with_race_mode(race_mode(q_row, r, temperature), residual, [&](auto mode, auto kind) {
-    for (int64_t g = threadIdx.x; 4 * g < vocab; g += blockDim.x) {
-      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t i = 4 * g + j;
-        if (i >= vocab) break;
-        const float p = race_prob<decltype(mode)::value, true>(to_float(row[i]), r, temperature, f);
-        race_entry<decltype(kind)::value>(race, p, i, bits.x[j], q_row, draft, residual);
-      }
-      race_share_bar<decltype(kind)::value>(race, residual);
-    }
-  });
+  const ResidualRace race = race_groups<true>(row, q_row, draft, residual, vocab, threadIdx.x, (vocab + 3) / 4, r,
+                                              temperature, seed, offset, position);
   const ArgMax p_win = cuda::block_argmax(race.fallback, sh.argmax);
   if (!residual) return p_win.index;
   const ArgMax r_win = cuda::block_argmax(race.residual, sh.argmax);
@@ -833,8 +847,9 @@ __device__ __forceinline__ void split_sum_share_sweep(const T* __restrict__ shar
   }
 }
 
-// Pass: split_race over the share's groups of 4 (whole groups: 4 divides slice).
-template <bool kTau, typename T, typename Q>
+// Pass: split_race over the share's groups of 4 (whole groups: 4 divides slice). kFastBonus: a bonus race
+// whose race_mode is 1 (the caller checked: temperature 1, a row with mass and no +inf logit), no other loop.
+template <bool kTau, bool kFastBonus = false, typename T, typename Q>
 __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_row, int64_t draft, bool residual,
                                                     int64_t V, const RowStats& r, float temperature, uint64_t seed,
                                                     uint64_t offset, uint32_t position, SplitCtx& c,
@@ -847,21 +862,22 @@ __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_r
   const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
   ResidualRace race = residual_race_init();
   const RaceScale f = race_scale(r);
-  with_race_mode(race_mode(q_row, r, temperature), residual, [&](auto mode, auto kind) {
+  const auto run = [&](auto mode, auto kind) {
     // The groups wholly inside the row (a prefix of the thread's: entries increase with the position), then
     // the one the row's end cuts (V % 4 != 0), entry by entry, outside the loop.
     constexpr int kMode = decltype(mode)::value, kKind = decltype(kind)::value;
     float cut = -1.f;  // race_cut of the race's bar (fast modes)
+    const PhiloxKeys keys = philox_block_keys(seed);  // held across the loop (philox.h)
     const auto group = [&](int q, int64_t i0, int n) {
       float x[4];
       cuda::load4_full<true>(share, 4 * q, x);
-      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(i0 >> 2));
+      const Philox4 bits = philox_block_keyed(keys, offset, position, purpose, static_cast<uint32_t>(i0 >> 2));
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (j >= n) break;
         if constexpr (kMode != 0) {
           const float e = race_exp<kMode, kTau>(x[j], r, temperature, f);
-          if (e <= cut * one_minus_uniform_from_mantissa(bits.x[j])) continue;
+          if (e <= fmaf(-cut, bits_to_uniform_from_mantissa(bits.x[j]), cut)) continue;  // cut (1 - u)
           race_entry<kKind>(race, e * f.inv_total, i0 + j, bits.x[j], q_row, draft, residual);
         } else {
           race_entry<kKind>(race, race_prob<0, kTau>(x[j], r, temperature, f), i0 + j, bits.x[j], q_row, draft,
@@ -885,7 +901,12 @@ __device__ __forceinline__ int64_t split_race_share(const T* share, const Q* q_r
       const int64_t i0 = share_entry(4 * q, shift, vthreads, base);
       if (i0 < V) group(q, i0, static_cast<int>(V - i0));
     }
-  });
+  };
+  if constexpr (kFastBonus) {
+    run(std::integral_constant<int, 1>{}, std::integral_constant<int, kRaceBonus>{});
+  } else {
+    with_race_mode(race_mode(q_row, r, temperature), residual, run);
+  }
   return split_race_winner(race.fallback, race.residual, residual, c, buf, sh);
 }
 
@@ -908,23 +929,21 @@ __device__ __forceinline__ void split_sum_sweep(const T* __restrict__ row, int64
 }
 
 // kShare: `src` is the block's share in shared memory (split_sum_share_sweep), else the row.
-// kTau: the kept mass of a row with filters (entries with key >= tau), else every entry's.
+// kTau: the kept mass of a row with filters (entries with key >= tau), else every entry's. The sum over every
+// entry of a row with filters takes kTau false: the same terms in the same order as kTau with tau 0 (whose
+// kept test only turns a NaN z's term, which the sum then sums again checked, into 0), without the test.
 template <bool kShare, bool kTau = false, typename T>
 __device__ __forceinline__ float split_sum(const T* src, int64_t V, float m, float temperature, SplitCtx& c,
                                            SplitShared& sh, uint32_t tau = 0u) {
   float* buf = split_next_buffer(c);
   const float z_tau = kept_floor(tau);  // order_key(z) >= tau: z >= z_tau
-  // tau 0 keeps every entry: the sweep without the kept test (the same terms in the same order: the kept
-  // test only turns a NaN z's term, which the sum then sums again checked, into 0).
-  const auto sweep = [&](auto unit_t, auto tau_t) {
-    constexpr bool kU = decltype(unit_t)::value, kT = decltype(tau_t)::value;
+  const auto sweep = [&](auto unit_t) {
+    constexpr bool kU = decltype(unit_t)::value, kT = kTau;
     if constexpr (kShare) {
       // The large vocabularies' layout (vthreads 1024, one virtual thread per real thread) with the slice
       // as a constant: the loads at immediate offsets.
       if (c.l.vthreads == kMaxThreads && split_share_slice(c.l) == kSplitThreads)
         split_sum_share_sweep<kMaxThreads, kSplitThreads, kU, kT>(src, V, m, temperature, z_tau, c, buf);
-      else if (c.l.vthreads == kMaxThreads)
-        split_sum_share_sweep<kMaxThreads, 0, kU, kT>(src, V, m, temperature, z_tau, c, buf);
       else
         split_sum_share_sweep<0, 0, kU, kT>(src, V, m, temperature, z_tau, c, buf);
     } else {
@@ -932,12 +951,8 @@ __device__ __forceinline__ float split_sum(const T* src, int64_t V, float m, flo
       else split_sum_sweep<0, kU, kT>(src, V, m, temperature, z_tau, c, buf);
     }
   };
-  const auto sweep_t = [&](auto unit_t) {
-    if (kTau && tau != 0u) sweep(unit_t, std::integral_constant<bool, kTau>{});
-    else sweep(unit_t, std::false_type{});
-  };
-  if (temperature == 1.f) sweep_t(std::true_type{});
-  else sweep_t(std::false_type{});
+  if (temperature == 1.f) sweep(std::true_type{});
+  else sweep(std::false_type{});
   split_exchange(c, buf, argmax_init(), argmax_init(), argmax_init(), sh);
   if (threadIdx.x < 32) {
     // The single-block kernel's last step: the shuffle tree over the warp sums.
@@ -958,22 +973,8 @@ __device__ __forceinline__ int64_t split_race(const T* row, const Q* q_row, int6
                               SplitCtx& c, SplitShared& sh) {
   float* buf = split_next_buffer(c);
   const GroupRange range = vocab_part(V, c.l.parts, c.part);
-  const uint32_t purpose = residual ? kPurposeResidual : kPurposeBonus;
-  ResidualRace race = residual_race_init();
-  const RaceScale f = race_scale(r);
-  with_race_mode(race_mode(q_row, r, temperature), residual, [&](auto mode, auto kind) {
-    for (int64_t g = range.begin + threadIdx.x; g < range.end; g += blockDim.x) {
-      const Philox4 bits = philox_block(seed, offset, position, purpose, static_cast<uint32_t>(g));
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t i = 4 * g + j;
-        if (i >= V) break;
-        const float p = race_prob<decltype(mode)::value, kTau>(to_float(row[i]), r, temperature, f);
-        race_entry<decltype(kind)::value>(race, p, i, bits.x[j], q_row, draft, residual);
-      }
-      race_share_bar<decltype(kind)::value>(race, residual);
-    }
-  });
+  const ResidualRace race = race_groups<kTau>(row, q_row, draft, residual, V, range.begin + threadIdx.x, range.end,
+                                              r, temperature, seed, offset, position);
   return split_race_winner(race.fallback, race.residual, residual, c, buf, sh);
 }
 
@@ -1191,7 +1192,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
         // and the kept mass: one exp-sum pass instead of the radix passes. Not with logprobs (they need S).
         if (is_draft && lp == nullptr && p.synthetic_rates == nullptr && s.top_k == 0 && s.top_p < 1.f &&
             draft_in_vocab(ids[k], V)) {
-          const float all = split_sum<kResident, true>(src, V, r.m, s.temperature, c, sh, 0u);
+          const float all = split_sum<kResident, false>(src, V, r.m, s.temperature, c, sh);
           if (threadIdx.x == 0) {
             const int64_t x = ids[k];
             const float u = philox_uniform(seed, offset, static_cast<uint32_t>(k), kPurposeAccept, 0);
@@ -1202,6 +1203,44 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSM) rejection_sa
           const bool early = sh.flag != 0;
           __syncthreads();
           if (early) continue;  // accepted: the next row
+        }
+        // Top-p's early bonus token: the bonus row's race over every entry (p = e / the sum over every entry,
+        // no select) picks w. Kept by top-p (logits_split.h top_p_verdict_above, from the mass of the entries
+        // above w) and min-p, w wins the race over the kept entries too (the same random numbers, every kept
+        // entry's score scaled alike): it is the token, without the select or the kept mass. Dropped, w and
+        // everything below it lie outside the kept entries, so the race runs again over the entries above w
+        // (the kept ones among them) and the verdict with it; each round keeps with probability >= top_p.
+        // After kBonusRounds rounds, or where the verdict is unsure (the sums within 5e-5 of top-p's target),
+        // the full path runs. Not with logprobs (they need S).
+        // Resident rows at temperature 1 only (the other variant serves batches too large for them; the race
+        // runs its fast bonus mode alone, race_mode 1: a row with +inf logits takes the full path).
+        if (kResident && !is_draft && lp == nullptr && s.top_k == 0 && s.top_p < 1.f && r.m < FLT_MAX &&
+            s.temperature == 1.f) {
+          constexpr int kBonusRounds = 4;
+          const float all = split_sum<kResident, false>(src, V, r.m, s.temperature, c, sh);
+          const int64_t depth = (V + c.l.vthreads - 1) / c.l.vthreads + 10;  // top_p_verdict_above's
+          const uint32_t min_key = min_p_key(s.min_p);
+          const Q* const none = nullptr;
+          uint32_t floor_key = 0;  // the race runs over the entries with z >= kept_floor(floor_key)
+          bool done = false;
+          for (int round = 0; round < kBonusRounds && all > 0.f; ++round) {
+            // Every block reads the same values and decides alike.
+            const RowStats rest{r.m, r.argmax, floor_key, all};
+            const int64_t w = split_race_share<true, true>(share, none, -1, false, V, rest, s.temperature, seed,
+                                                           offset, static_cast<uint32_t>(k), c, sh);
+            const uint32_t key_w = order_key(load_logit(row, w) - r.m);
+            if (key_w == 0xffffffffu) break;
+            const float above = split_sum<kResident, true>(src, V, r.m, s.temperature, c, sh, key_w + 1u);
+            const int verdict = top_p_verdict_above(above, all, s.top_p, V, depth);
+            if (verdict == kTopPKeeps && key_w >= min_key) {
+              final_token = w;
+              done = true;
+              break;
+            }
+            if (verdict == kTopPUnsure) break;
+            floor_key = key_w + 1u;  // w is not kept (by top-p, or by min-p): the kept entries lie above it
+          }
+          if (done) break;  // k == n: the bonus row's token, every draft accepted
         }
         // row_stats' threshold: top-k by count, top-p by mass above it, min-p (logits_math.h).
         uint32_t tau = 0;

@@ -163,6 +163,48 @@ SPECDEC_HD bool top_p_keeps_surely(float e_x, float total, float top_p, int64_t 
 }
 
 
+// Top-p's verdict on entry w of a row whatever its select's rounding (kTopPKeeps, kTopPDrops; kTopPUnsure
+// leaves it to the select), from `above`, the float32 sum of sum_exp_f(z) over the entries whose z exceeds
+// w's, and `all`, the same over every entry, both summed in the split kernel's virtual-thread order (below):
+// the split CUDA kernel's early bonus token (logits_kernels.cu). For rows whose only filters are top-p and
+// min-p. The select picks the largest logit key v whose candidates from the top reach the target (top_p
+// (1 - kTopPSlack) times the fixed-point mass of every entry) and keeps z >= z(v). Were z_w below z(v), every
+// entry with key >= v would have z > z_w and their mass M(>w) would reach the target; were z_w at least
+// z(v) with M(>w) reaching the target, the entries with z > z_w (the keys from the smallest of theirs up)
+// would reach it from a key above v's. So w is kept exactly when M(>w) < target. With E the exact sums of
+// exp_f(z) (the fixed-point masses truncate exp_f(z) to 2^-40 units, each by less than one unit):
+//   2^40 E_above - V <= M(>w) <= 2^40 E_above,   g (2^40 E_all - V) - 1 <= target <= g 2^40 E_all,
+//   g = top_p (1 - kTopPSlack) (within 2^-51 relative: split_mass_target's double rounding),
+// so keeps when E_above + (V + 1) 2^-40 < g E_all, drops when E_above - V 2^-40 >= g E_all. The float sums
+// bound the E: a float32 sum of non-negative terms in which each term meets at most `depth` additions is
+// within gamma = depth u / (1 - depth u) (u = 2^-24) of the exact sum (the split sums: a virtual thread adds
+// ceil(V / vthreads) entries in turn, then two shuffle trees of 5 levels: depth = ceil(V / vthreads) + 10,
+// gamma = 8e-6 at V = 128256), and a term sum_exp_f(z) lies within 2e-5 of exp_f(z) relative where
+// z >= -87.3 (__expf's 2 + 1.173 |z| ulp; below that it is flushed to 0 and exp_f(z) < 1.2e-38). Every bound is
+// rounded toward safety by a factor (1 +- 2^-20) covering the float operations here. Unsure only where
+// M(>w) lies within about 5e-5 of the target, relative. Vocabularies of 2^22 and more are always unsure.
+constexpr int kTopPUnsure = 0, kTopPKeeps = 1, kTopPDrops = 2;
+
+SPECDEC_HD int top_p_verdict_above(float above, float all, float top_p, int64_t vocab, int64_t depth) {
+  if (!(vocab > 0 && vocab < (int64_t{1} << 22)) || !(depth > 0 && depth < (int64_t{1} << 20)) || !(all > 0.f) ||
+      !(above >= 0.f) || !(top_p < 1.f))
+    return kTopPUnsure;
+  const float V = static_cast<float>(vocab);
+  const float du = static_cast<float>(depth) * 5.9604644775390625e-08f;  // depth 2^-24 < 1/16
+  const float gamma = du / (1.f - du) * (1.f + 9.5367431640625e-07f);
+  const float up = 1.f + 9.5367431640625e-07f, down = 1.f - 9.5367431640625e-07f;
+  const float tiny = V * 1.2e-38f;
+  const float above_up = (above / (1.f - gamma) * (1.f + 2e-5f) + tiny) * up;
+  const float above_low = above / ((1.f + gamma) * (1.f + 2e-5f)) * down;
+  const float all_up = (all / (1.f - gamma) * (1.f + 2e-5f) + tiny) * up;
+  const float all_low = all / ((1.f + gamma) * (1.f + 2e-5f)) * down;
+  const float g = top_p * (1.f - kTopPSlack);
+  const float spare = (V + 1.f) * 9.094947017729282e-13f;  // (V + 1) 2^-40
+  if ((above_up + spare) * up < g * down * all_low) return kTopPKeeps;
+  if ((above_low - spare) * down >= g * up * all_up) return kTopPDrops;
+  return kTopPUnsure;
+}
+
 // Top-p's early acceptance in the split kernel (thread 0 of every block of the request, from the same values:
 // every block decides alike): the draft x (in the vocabulary) of a sampled row whose only filters are top-p
 // and min-p is accepted without the select when top-p keeps it whatever the select's rounding

@@ -779,6 +779,164 @@ static void test_top_p_early_acceptance_is_the_selects() {
   }
 }
 
+// A sum of per-entry terms in the split kernel's order (that of the single-block kernel: virtual thread t adds
+// entries t, t + vthreads, ... in turn, then the shuffle trees).
+static float vthread_order_sum(const std::vector<float>& terms, int vthreads) {
+  const int64_t V = static_cast<int64_t>(terms.size());
+  std::vector<float> warp_sums(32, 0.f);
+  for (int w = 0; w < vthreads / 32; ++w) {
+    std::vector<float> lanes(32);
+    for (int lane = 0; lane < 32; ++lane) {
+      float part = 0.f;
+      for (int64_t i = 32 * w + lane; i < V; i += vthreads) part += terms[static_cast<size_t>(i)];
+      lanes[lane] = part;
+    }
+    warp_sums[w] = shfl_down_tree(lanes);
+  }
+  return shfl_down_tree(warp_sums);
+}
+
+// The early bonus token's verdict (logits_split.h top_p_verdict_above) against the replayed split select: keeps
+// only entries the select keeps, drops only entries it drops, for entries on both sides of top-p's cut (the
+// last kept ones, the first dropped ones, ties among bfloat16 logits) and anywhere in the row, with the sums'
+// terms off exp_f by as much as __expf may be, and is rarely unsure away from the cut. Then one entry swept across the cut in steps of 16 floats: sure wherever the mass
+// above it is more than 2e-4 away from top-p's target, relative.
+static void test_top_p_verdict_above_is_the_selects() {
+  std::mt19937 gen(23);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int64_t> pick(0, 1 << 30);
+  int keeps = 0, drops = 0, checked = 0, random_unsure = 0, random_checked = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const bool bf16 = trial % 2 == 0;
+    const int64_t V = trial % 3 == 0 ? 20000 : (trial % 3 == 1 ? 1025 : 5000);
+    std::vector<float> raw(static_cast<size_t>(V));
+    const float scale = trial % 4 < 2 ? 1.f : 3.f;  // flat rows and peaked ones
+    for (auto& v : raw) v = keep_bits(scale * normal(gen), bf16 ? 16 : 0);
+    raw[5] = NAN;
+    raw[6] = -INFINITY;
+    std::vector<float> z(raw.size()), terms(raw.size());
+    float m = -INFINITY;
+    for (const float r : raw) m = std::max(m, logit_value(r));
+    for (size_t i = 0; i < raw.size(); ++i) z[i] = logit_value(raw[i]) - m;  // temperature 1
+    // The GPU's terms: ex2.approx, within (2 + 1.173 |z|) ulp of exp (the verdict's bound), here all pushed
+    // up, all down, or each either way (the same term in both sums, as the kernel computes it).
+    const int bias = trial % 3 - 1;
+    std::uniform_real_distribution<double> sign(-1.0, 1.0);
+    for (size_t i = 0; i < raw.size(); ++i) {
+      const double ulps = (2.0 + 1.173 * std::fabs(static_cast<double>(z[i]))) * 1.1920928955078125e-07;
+      const double d = bias != 0 ? bias * ulps : sign(gen) * ulps;
+      terms[i] = z[i] >= -87.f ? static_cast<float>(static_cast<double>(exp_f(z[i])) * (1.0 + d)) : 0.f;
+    }
+    const int vthreads = vthreads_for(V);
+    const int64_t depth = (V + vthreads - 1) / vthreads + 10;
+    const float all = vthread_order_sum(terms, vthreads);
+    std::vector<int64_t> order(raw.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return z[a] > z[b]; });
+    const LogitsSplit l = logits_split_for(vthreads, 64, 132 * 4);
+    for (const float top_p : {0.05f, 0.5f, 0.9f, 0.99f}) {
+      const uint32_t tau = split_select_raw(raw, z, l, true, top_p, 0u, bf16 ? 2 : 4, m, 1.f);
+      int64_t cut = 0;  // entries the select keeps: a prefix of `order`
+      while (cut < V && order_key(z[static_cast<size_t>(order[static_cast<size_t>(cut)])]) >= tau) ++cut;
+      std::vector<int64_t> ws;
+      for (int64_t d = -4; d <= 4; ++d)
+        if (cut + d >= 0 && cut + d < V) ws.push_back(order[static_cast<size_t>(cut + d)]);
+      const size_t next_to_cut = ws.size();
+      for (int j = 0; j < 24; ++j) ws.push_back(pick(gen) % V);
+      for (size_t n = 0; n < ws.size(); ++n) {
+        const int64_t w = ws[n];
+        const float z_w = z[static_cast<size_t>(w)];
+        if (std::isnan(raw[static_cast<size_t>(w)])) continue;  // never a race's winner
+        std::vector<float> above_terms(terms.size());
+        for (size_t i = 0; i < terms.size(); ++i) above_terms[i] = z[i] > z_w ? terms[i] : 0.f;
+        const float above = vthread_order_sum(above_terms, vthreads);
+        const bool kept = order_key(z_w) >= tau;
+        const int v = top_p_verdict_above(above, all, top_p, V, depth);
+        CHECK(v != kTopPKeeps || kept);
+        CHECK(v != kTopPDrops || !kept);
+        keeps += v == kTopPKeeps;
+        drops += v == kTopPDrops;
+        ++checked;
+        if (n >= next_to_cut) {
+          random_unsure += v == kTopPUnsure;
+          ++random_checked;
+        }
+      }
+    }
+  }
+  CHECK(keeps > checked / 5 && drops > checked / 5);
+  CHECK(random_unsure * 100 < random_checked);
+  // The cut: the largest entry (z = 0), w = e^z below it and 1000 entries at z = -7 (mass 0.91), the rest -inf.
+  // The select keeps w exactly when 1 < top_p (1 - slack) (1 + a + 0.91), a = e^z_w: sweep z_w across it, with
+  // the sums' terms all as far above exp_f as __expf may be, then all as far below.
+  for (const float top_p : {0.9f, 0.7f})
+  for (const int bias : {-1, 1}) {
+    const int64_t V = 1025;
+    std::vector<float> r(static_cast<size_t>(V), -INFINITY);
+    r[0] = 0.f;
+    double small = 0.0;
+    for (int i = 2; i < 102; ++i) {
+      r[static_cast<size_t>(i)] = -7.f;
+      small += exp_f(-7.f);
+    }
+    const float a_star = static_cast<float>(1.0 / top_p - 1.0 - small);
+    const auto term = [&](float z) {
+      const double ulps = (2.0 + 1.173 * std::fabs(static_cast<double>(z))) * 1.1920928955078125e-07;
+      return z >= -87.f ? static_cast<float>(static_cast<double>(exp_f(z)) * (1.0 + bias * ulps)) : 0.f;
+    };
+    const int vthreads = vthreads_for(V);
+    const LogitsSplit l = logits_split_for(vthreads, 8, 528);
+    const int64_t depth = (V + vthreads - 1) / vthreads + 10;
+    std::vector<float> all_terms(r.size()), above_terms(r.size(), 0.f);
+    // -> the verdict at z_w = z_x, checked against the select; `kept` and `ratio` (M(>w) / target) out
+    const auto check_at = [&](float z_x, bool& kept, double& ratio) {
+      r[1] = z_x;
+      const uint32_t tau = split_select_raw(r, r, l, true, top_p, 0u, 4, 0.f, 1.f);
+      kept = order_key(z_x) >= tau;
+      for (size_t i = 0; i < r.size(); ++i) all_terms[i] = term(r[i]);
+      above_terms[0] = all_terms[0];
+      const int v = top_p_verdict_above(vthread_order_sum(above_terms, vthreads), vthread_order_sum(all_terms, vthreads),
+                                        top_p, V, depth);
+      CHECK(v != kTopPKeeps || kept);
+      CHECK(v != kTopPDrops || !kept);
+      ratio = 1.0 / (static_cast<double>(top_p) * (1.0 - kTopPSlack) * (1.0 + exp_f(z_x) + small));
+      return v;
+    };
+    // Across +-0.4% in steps of 16 floats: sure wherever M(>w) is 2e-4 off the target; then a float at a time
+    // around the cut.
+    int kept_exactly = 0, sure_keeps = 0, sure_drops = 0, steps = 0;
+    float first_kept = NAN;
+    for (float z_x = std::log(a_star * 0.996f); exp_f(z_x) < a_star * 1.004f; ++steps) {
+      bool kept;
+      double ratio;
+      const int v = check_at(z_x, kept, ratio);
+      if (ratio < 1.0 - 2e-4) CHECK(v == kTopPKeeps);
+      if (ratio > 1.0 + 2e-4) CHECK(v == kTopPDrops);
+      if (kept && std::isnan(first_kept)) first_kept = z_x;
+      kept_exactly += kept;
+      sure_keeps += v == kTopPKeeps;
+      sure_drops += v == kTopPDrops;
+      for (int i = 0; i < 16; ++i) z_x = std::nextafter(z_x, INFINITY);
+    }
+    CHECK(kept_exactly > sure_keeps && sure_keeps > 0 && steps - kept_exactly > sure_drops && sure_drops > 0);
+    CHECK(!std::isnan(first_kept));
+    float z_x = first_kept;
+    for (int i = 0; i < 600; ++i) z_x = std::nextafter(z_x, -INFINITY);
+    for (int i = 0; i < 1200; ++i, z_x = std::nextafter(z_x, INFINITY)) {
+      bool kept;
+      double ratio;
+      check_at(z_x, kept, ratio);
+    }
+  }
+  // Never sure past its preconditions.
+  CHECK(top_p_verdict_above(0.f, 1.f, 1.f, 5, 11) == kTopPUnsure);
+  CHECK(top_p_verdict_above(0.f, 0.f, 0.5f, 5, 11) == kTopPUnsure);
+  CHECK(top_p_verdict_above(NAN, 1.f, 0.5f, 5, 11) == kTopPUnsure);
+  CHECK(top_p_verdict_above(0.f, 1.f, 0.5f, int64_t{1} << 22, 11) == kTopPUnsure);
+  CHECK(top_p_verdict_above(0.f, 1.f, 0.5f, 5, 11) == kTopPKeeps);
+  CHECK(top_p_verdict_above(1.f, 1.5f, 0.5f, 5, 11) == kTopPDrops);
+}
+
 // The split kernel's 64-bit bin masses added as two 32-bit words (split_add_u64, atomicAdd on the device):
 // exact in any order, carries included, against plain 64-bit sums.
 static void test_split_two_word_mass_sums_exactly() {
@@ -826,5 +984,6 @@ int main() {
   test_radix_key_from_the_bits_as_read();
   test_split_raw_key_select_matches_the_cpu_selection();
   test_top_p_early_acceptance_is_the_selects();
+  test_top_p_verdict_above_is_the_selects();
   TEST_MAIN_END();
 }

@@ -19,23 +19,39 @@ static void test_philox_known_answers() {
   CHECK(ones.x[0] == 0x408F276Du && ones.x[1] == 0x41C83B0Eu && ones.x[2] == 0xA20BC7C6u && ones.x[3] == 0x6D5451FDu);
 }
 
-// The GPU's uniforms come from float bits (philox.h bits_to_uniform_from_mantissa, and 1 - u for the logits
-// race's skip test): equal to the integer formula, and 1 - u exact, for every one of the 2^23 values of k (the
-// low 9 bits are dropped: a few patterns of them with each k).
+// The GPU's uniforms come from float bits (philox.h bits_to_uniform_from_mantissa): equal to the integer
+// formula for every one of the 2^23 values of k (the low 9 bits are dropped: a pattern of them with each k),
+// and 1 - u, which the logits race's skip test takes as fma(-c, u, c), exact in float.
 static void test_uniform_from_mantissa_is_the_integer_formula() {
   int bad = 0, bad_complement = 0;
   for (uint32_t k = 0; k < (1u << 23); ++k) {
     const uint32_t bits = (k << 9) | ((k * 2654435761u) & 0x1ffu);
     const float u = static_cast<float>((k << 1) | 1u) * 5.9604644775390625e-08f;
     bad += bits_to_uniform_from_mantissa(bits) != u;
-    bad_complement += one_minus_uniform_from_mantissa(bits) != static_cast<float>((1u << 24) - 2 * k - 1) *
-                                                                    5.9604644775390625e-08f;
+    bad_complement += static_cast<double>(1.f - u) != 1.0 - static_cast<double>(u);
   }
   CHECK(bad == 0);
   CHECK(bad_complement == 0);
   CHECK(bits_to_uniform_from_mantissa(0u) == bits_to_uniform(0u));
   CHECK(bits_to_uniform_from_mantissa(0xFFFFFFFFu) == bits_to_uniform(0xFFFFFFFFu));
-  CHECK(one_minus_uniform_from_mantissa(0xFFFFFFFFu) == 5.9604644775390625e-08f);
+}
+
+// Round keys held across a loop (philox4x32_10_keyed, philox_block_keyed) give philox4x32_10's numbers.
+static void test_keyed_philox_is_philox() {
+  uint32_t s = 12345u;
+  const auto next = [&]() { return s = s * 1664525u + 1013904223u; };
+  for (int i = 0; i < 1000; ++i) {
+    const uint32_t c[4] = {next(), next(), next(), next()}, k0 = next(), k1 = next();
+    const Philox4 a = philox4x32_10(c[0], c[1], c[2], c[3], k0, k1);
+    const Philox4 b = philox4x32_10_keyed(c[0], c[1], c[2], c[3], philox_keys(k0, k1));
+    for (int j = 0; j < 4; ++j) CHECK(a.x[j] == b.x[j]);
+  }
+  const uint64_t seed = 0x0123456789abcdefull, offset = 0xfedcba987ull;
+  for (uint32_t g = 0; g < 64; ++g) {
+    const Philox4 a = philox_block(seed, offset, 3, kPurposeResidual, g);
+    const Philox4 b = philox_block_keyed(philox_block_keys(seed), offset, 3, kPurposeResidual, g);
+    for (int j = 0; j < 4; ++j) CHECK(a.x[j] == b.x[j]);
+  }
 }
 
 static void test_uniform_range_and_layout() {
@@ -178,6 +194,7 @@ int main() {
   test_philox_known_answers();
   test_uniform_range_and_layout();
   test_uniform_from_mantissa_is_the_integer_formula();
+  test_keyed_philox_is_philox();
   test_mass_and_acceptance();
   test_argmax_first_index_on_ties();
   test_race_skipping_never_changes_the_winner();
