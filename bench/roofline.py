@@ -442,6 +442,15 @@ def _logits_unit_temperature_loop(text):
     return not ("HMNMX2" in text and "FSETP" in text)
 
 
+# Rounds of the CUDA early bonus token at the top-p scenario (logits_kernels.cu, the bonus row: a race over
+# the entries above the last winner, then the exp-sum above the new one). The bonus row is N(0, 1) noise: the race
+# over every entry picks a token top-p 0.9 keeps with probability 0.9 (the kept mass), and a second round, over the
+# entries above a dropped winner, keeps with a higher one: 1 + 0.1 + 0.01 rounds at most on average. The model
+# averages them over the batch; a request that takes a second round finishes a race and an exp-sum of its row
+# later (its blocks then alone on their SMs: not modelled).
+BONUS_ROUNDS = 1.11
+
+
 def logits_cases():
     """Chain verification from logits (rejection_sample_logits) B=64 K=4 V=128256 bf16, all drafts accepted.
 
@@ -465,12 +474,13 @@ def logits_cases():
     CUDA with top-p: the same kernel's kFiltered variant. Its draft rows take top-p's early acceptance
     (logits_split.h top_p_accepts_early): at this scenario's draft rows, whose draft token holds nearly all
     the mass before and after top-p (the measurement spikes its logit 30 above N(0, 1) logits), the exp-sum
-    over every entry accepts the draft and the row runs neither the select nor the kept mass; the bonus row
-    runs 2 radix passes over the share in shared memory (the select runs over the bf16 logits' 16-bit keys,
-    logits_math.h radix_key; each pass charged the longest radix loop: pass 0 by mass; bin contention in the
-    shared-memory atomics is not modelled), their histograms exchanged through the workspace, then its kept
-    mass. A draft rejected, or accepted only after its select, adds one exp-sum and 2 radix passes. Triton with top-p: the split
-    kernels with the radix passes between them (_logits_triton_filtered_case)."""
+    over every entry accepts the draft and the row runs neither the select nor the kept mass. The bonus row
+    takes the early bonus token (logits_kernels.cu): its exp-sum over every entry, then rounds of the race over
+    the entries above the last dropped winner and the exp-sum above the new one (logits_split.h
+    top_p_verdict_above), BONUS_ROUNDS on average; it runs no radix pass. A draft rejected, or accepted only after
+    its select, adds one exp-sum, 2 radix passes over the share (the select over the bf16 logits' 16-bit keys) and
+    the kept mass: not in this scenario. Triton with top-p: the split kernels with the radix passes between them
+    (_logits_triton_filtered_case)."""
     cases = []
     batch, rows = 64, K + 1
     row_bytes = V * 2
@@ -485,10 +495,14 @@ def logits_cases():
                 # race's draft-probs loads, skipped on the bonus row, are not LDS: one stream of the share).
                 # With top-p the K draft rows are accepted early (top_p_accepts_early: their exp-sum over
                 # every entry is the pass they take instead of the select and the kept mass); the bonus row
-                # runs the select (2 passes) and its kept mass.
-                phases = [("max", rows, 1), ("max", rows, 1, "smem")] + \
-                         ([("radix", 2, 1, "smem")] if top_p else []) + \
-                         [("expsum", rows, 1, "smem"), ("race", 1, 1, "smem")]
+                # takes the early bonus token: its exp-sum over every entry, then rounds of a race and the
+                # exp-sum above its winner (top_p_verdict_above), BONUS_ROUNDS of them on average.
+                if top_p:
+                    phases = [("max", rows, 1), ("max", rows, 1, "smem"),
+                              ("expsum", K + 1 + BONUS_ROUNDS, 1, "smem"), ("race", BONUS_ROUNDS, 1, "smem")]
+                else:
+                    phases = [("max", rows, 1), ("max", rows, 1, "smem"), ("expsum", rows, 1, "smem"),
+                              ("race", 1, 1, "smem")]
             else:  # (the split kernels' own cases below replace these phases)
                 phases = [("expsum", rows, 1), ("race", 1, 1)]
             passes = sum(p[1] for p in phases)
@@ -502,10 +516,9 @@ def logits_cases():
                 exchanges = 2 * rows + 1  # max and kept mass per row, the race: one barrier each
                 workspace = exchanges * 2 * (8 * 32 + 32 * 4)  # per request: partials and virtual-warp sums, w + r
                 if top_p:
-                    # Each radix pass: every block adds its non-empty bins into the request's histogram (at most
-                    # 2 KB of atomics) and reads the whole 2 KB back after the barrier; block 0 zeroes the next
-                    # one (2 KB). Counted as HBM bytes although they stay in L2: an upper bound.
-                    workspace += 2 * (parts * 2 * 2048 + 2048)  # the bonus row's 2 passes
+                    # the draft rows' exp-sums over every entry, the bonus row's and its rounds' (a race and an
+                    # exp-sum each): one barrier each
+                    workspace = (2 * rows + 2 * BONUS_ROUNDS) * 2 * (8 * 32 + 32 * 4)
                 common["bytes_moved"] += batch * workspace
                 share = -(-V // 1024) * (1024 // parts) * 2  # logits_split.h split_share_bytes: 126 chunks x 128 x bf16
                 cases.append(Case(name=f"logits_cuda_{tag}", backend="cuda", source="csrc/logits/logits_kernels.cu",

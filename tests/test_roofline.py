@@ -181,15 +181,18 @@ def test_logits_cases_count_every_pass_over_the_rows():
     assert split.passes == 1 and split.items == 64 * rows and split.then is not None and split.then.passes == 1
     assert split.then.bytes_moved >= 64 * row
     # top-p: CUDA's draft rows accepted early (max, max read-back, the exp-sum over every entry), the bonus row's
-    # 2 radix passes of 8 bits over the bf16 keys in the shared-memory share and its kept mass (each row once from
-    # HBM); Triton the split kernels with 4 radix launches (bf16: 16-bit keys; the bonus row read once more per
-    # pass, the draft rows taken by the early acceptance), the kept mass (the bonus row once more), then the race
-    assert cases["logits_cuda_onehot_topp"].passes == 3 * rows + 2 + 1
+    # early token (its exp-sum over every entry, then BONUS_ROUNDS rounds of a race and the exp-sum above the
+    # winner), no radix pass, each row once from HBM; Triton the split kernels with 4 radix launches (bf16: 16-bit
+    # keys; the bonus row read once more per pass, the draft rows taken by the early acceptance), the kept mass
+    # (the bonus row once more), then the race
+    bonus = roofline.BONUS_ROUNDS
+    assert 1 < bonus < 1.25  # a race over every entry kept by top-p 0.9 nine times in ten, then more often
+    assert cases["logits_cuda_onehot_topp"].passes == pytest.approx(2 * rows + (rows + bonus) + bonus)
     assert [p[:2] for p in cases["logits_cuda_onehot_topp"].phases] == \
-        [("max", rows), ("max", rows), ("radix", 2), ("expsum", rows), ("race", 1)]
+        [("max", rows), ("max", rows), ("expsum", rows + bonus), ("race", bonus)]
     assert hbm(cases["logits_cuda_onehot_topp"]) == rows
     assert [p[0] for p in cases["logits_cuda_onehot_topp"].phases if p[3:] == ("smem",)] == \
-        ["max", "radix", "expsum", "race"]
+        ["max", "expsum", "race"]
     chain, kernel = [], cases["logits_triton_draft_topp"]
     while kernel is not None:
         chain.append(kernel)
@@ -230,7 +233,7 @@ def test_roofline_rows_for_the_logits_kernels():
         loops = [p["loop"] for p in row["phases"]]
         assert all(p["instructions"] > 0 and p["trips"] > 0 for p in row["phases"]), name
         radix = any(loop.startswith("radix") for loop in loops)
-        assert loops[0] == "max" and loops[-1].startswith("race") and radix == name.endswith("topp"), name
+        assert loops[0] == "max" and loops[-1].startswith("race") and radix == (name == "logits_triton_draft_topp"), name
         assert 0 < row["pct_peak"] <= 100
     assert rows["logits_cuda_onehot"]["bytes_vs_min"] == pytest.approx(1.0, abs=0.02)  # each row once from HBM
     assert rows["logits_cuda_onehot"]["smem"] > 32 * 1024  # the share (dynamic) counts toward occupancy
