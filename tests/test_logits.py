@@ -1484,6 +1484,109 @@ def test_triton_split_chain_race_winner_in_every_chunk():
     assert len(set((ref.token_ids[:, 0] // 16).tolist())) >= 6  # winners spread over the chunks
 
 
+def _skip_probe(x, bits, q, m, inv_t, best, total, residual, logits):
+    from race_skip_probe import probe
+
+    n = x.numel()
+    out = torch.full((n,), 7, dtype=torch.int8)
+    probe[(1,)](x, bits, q, out, m, inv_t, best, total, int(residual), n, LOGITS=logits,
+                BLOCK=1 << (n - 1).bit_length())
+    return out.bool()
+
+
+def _boundary_entries(n, g):
+    """(random bits as int32, d) for entries of mass best w (1 + d), w = 1 - u: a quarter with any u and d in
+    [-0.03, 0.01]; a quarter with w in [1e-4, 3e-2] (where the skip test comes closest to best) and d in
+    [-0.03, 0.003]; an eighth with w in [2^-24, 2^-16] and d in [-4e-6, 1e-6] (where only the margin of
+    race_cut keeps a skipped score below best); a quarter with any u and d in [-3e-3, 3e-3]; an eighth far
+    below (d = -0.5)."""
+    def rand(k, lo, hi):
+        return lo + (hi - lo) * torch.rand(k, generator=g, dtype=torch.float64)
+
+    def bits_near_one(k, lo, hi):  # w log-uniform in [lo, hi]: k = the uniform's top 23 bits
+        w = torch.exp(rand(k, math.log(lo), math.log(hi)))
+        top = ((1 - w) * 2**23).floor().clamp(0, 2**23 - 1).to(torch.int64)
+        return (top << 9) | torch.randint(0, 512, (k,), generator=g)
+
+    q4, q8 = n // 4, n // 8
+    bits = torch.randint(0, 2**32, (n,), dtype=torch.int64, generator=g)
+    bits[q4: 2 * q4] = bits_near_one(q4, 1e-4, 3e-2)
+    bits[2 * q4: 2 * q4 + q8] = bits_near_one(q8, 2.0**-24, 2.0**-16)
+    d = torch.cat([rand(q4, -0.03, 0.01), rand(q4, -0.03, 0.003), rand(q8, -4e-6, 1e-6),
+                   rand(n - 2 * q4 - 2 * q8, -3e-3, 3e-3), torch.full((q8,), -0.5, dtype=torch.float64)])
+    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32), d
+
+
+def _race_scores(x, bits, q, m, temperature, total, residual, logits):
+    """Exact-path race scores, 2^-20 above their float32 value: r / -log(u) with r the mass (logits: p =
+    exp(z) / total, z = (x - m) / T in float32; minus q for a residual) and u the uniform of the bits."""
+    u = reference.bits_to_uniform(bits.to(torch.int64) & 0xFFFFFFFF).double()
+    if logits:
+        xs = torch.where(x.isnan(), float("-inf"), x).clamp(max=torch.finfo(torch.float32).max)
+        z = (xs - torch.tensor(m)) / torch.tensor(temperature) if temperature != 1.0 else xs - torch.tensor(m)
+        p = (torch.exp(z.double()).float() / torch.tensor(total, dtype=torch.float32)).double()
+        mass = (p - q.double()).clamp(min=0) if residual else p
+    else:
+        mass = x.double().clamp(min=0).nan_to_num(0.0)
+    return (mass / -torch.log(u)).float().double() * (1 + 2.0**-20)
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+def test_triton_race_skip_tests_never_skip_a_possible_winner():
+    """The races' skip tests (rejection.py race_cut / race_skips_probs; logits.py race_exp2_args / race_skips)
+    on entries built around the boundary (_boundary_entries: mass = best w (1 + d), w = 1 - u, most of them
+    where the test comes closest to best), for large and small maxima (|m| up to 1e4), temperatures, totals
+    and residuals against q. Every skipped entry must score at most best even with its score raised by 2^-20;
+    far below the boundary nearly every entry must be skipped, near it hundreds (non-vacuous); NaN and +inf
+    logits, a race whose best is not above 1e-30, a row without mass and best = inf skip nothing. Killed
+    mutants: b = ... + m a, C without its 2e-5, the bits shifted by 8, a residual threshold of 2 q, the best
+    guard dropped. The margins that only cover the GPU's approximate ex2 and roundings (b's offsets, a's
+    factor 1 - 2^-20) cannot fail here: the interpreter's exp2 is numpy's."""
+    g = torch.Generator().manual_seed(3)
+    n = 512
+    checked = near = 0
+    for case in range(24):
+        logits = case % 3 != 2
+        m = [0.0, 5.25, -7.125, 1.0e4, -3.0e3, 31.5][case % 6]
+        temperature = [1.0, 0.37, 2.5][case % 4 % 3] if logits else 1.0
+        inv_t = float(torch.tensor(1.0) / torch.tensor(temperature, dtype=torch.float32))
+        total = [1.0, 17.5, 1.0e5, 0.75][case % 4] if logits else 1.0
+        best = [1e-3, 0.05, 0.4, 0.9, 2e-6][case % 5] / total  # masses up to 1 / total: logits x <= m
+        residual = logits and case % 4 == 1
+        bits, d = _boundary_entries(n, g)
+        w = 1 - reference.bits_to_uniform(bits.to(torch.int64) & 0xFFFFFFFF).double()
+        mass = best * w * (1 + d)
+        q = torch.zeros(n)
+        if residual:  # r = p - q with q a quarter to twice r: p = r + q
+            q = (mass * torch.rand(n, generator=g, dtype=torch.float64) * 2).clamp(max=0.9).float()
+            mass = mass + q.double()
+        if logits:
+            x = (m + torch.log((mass * total).clamp(min=1e-300)) * temperature).float()
+            x[-4:] = torch.tensor([float("nan"), float("inf"), m, float("-inf")])
+            mass_ok = (mass * total <= 1).clone()
+            mass_ok[-4:] = True
+        else:
+            x = mass.float()
+            x[-2:] = torch.tensor([float("nan"), 0.0])
+            mass_ok = torch.ones(n, dtype=torch.bool)
+        skip = _skip_probe(x, bits, q, m, inv_t, best, total, residual, logits)
+        score = _race_scores(x, bits, q, m, temperature, total, residual, logits)
+        bad = skip & mass_ok & (score > best)
+        assert not bad.any(), (case, x[bad][:4], score[bad][:4] / best)
+        if logits:
+            assert not skip[-4] and not skip[-3], case  # NaN, +inf
+        else:
+            assert not skip[-2], case
+        far = skip[7 * n // 8: n - 4].float().mean()
+        assert far > 0.9, (case, far)
+        checked += int(skip.sum())
+        near += int((skip & (score > 0.98 * best)).sum())
+        for empty_best, empty_total in ((-1.0, total), (0.0, total), (1e-31, total), (best, 0.0), (float("inf"), total)):
+            if logits or empty_total == total:
+                assert not _skip_probe(x, bits, q, m, inv_t, empty_best, empty_total, residual, logits).any(), case
+    assert checked > 24 * n // 4 and near > 200, (checked, near)
+
+
 # ------------------------------------------------------------------------------- Triton chain split (filters)
 
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile
-from .rejection import prob_mass, race_may_win, race_tile_fold, race_tile_update
+from .rejection import prob_mass, race_cut, race_tile_fold, race_tile_update, uniform_mantissa
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -544,8 +544,8 @@ def tree_rejection_sample_logits_kernel(
                 mass = tree_residual(p, q, zs, js, count)
             else:
                 mass = tl.where(excluded(idx, zeroed, js, count), 0.0, p)
-            uniform = bits_to_uniform(philox_bits(seed, offset, u, purpose, idx))
-            best, best_index = race_tile_update(race_masses(mass, inside), uniform, idx, best, best_index, True)
+            bits = philox_bits(seed, offset, u, purpose, idx)
+            best, best_index = race_tile_update(race_masses(mass, inside), bits, idx, best, best_index, True)
         final = best_index
     if LOGPROBS:
         lps = tl.where(js == k, row_logprob(row_ptr, final, m, t, tau, total), lps)
@@ -694,29 +694,35 @@ def split_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, tau, 
     """(best score, first index) of the exponential race over entries [lo, lo + LENGTH) of a row: over
     max(p - q, 0) when `residual` (q one-hot at `draft` without HAS_Q), else over p; one running best across
     tiles. p = exp((x - m) / T) / total on the kept set {key >= tau}, 0 off it, as entry_prob (T = 1 without
-    HAS_T: no division), computed exactly
-    only on a tile's log path: the skip test (race_may_win) takes mass_bound, an upper bound on p without
-    a division, so a tile none of whose entries can still win costs no division and no log."""
+    HAS_T: no division), computed exactly only on a tile's log path. The common tile costs per entry the raw
+    load, one ex2 and a compare against a threshold linear in the uniform's float bits (race_skips: no
+    sanitizing, no one-hot, no division; an entry it cannot rule out, NaN and inf logits included, goes to
+    the exact path); a tile none of whose entries may still win costs no division and no log."""
     best = tl.full([], -1.0, tl.float32)
     best_index = tl.zeros([], tl.int32)
     inv_t = tl.full([], 1.0, tl.float32)
     if HAS_T:
         inv_t = tl.math.div_rn(1.0, temperature)
-    # (1 + 2^-20) / total: with mass_bound's exp, an upper bound on every p of the row (0 without mass)
-    bound_scale = tl.where(total > 0, tl.math.div_rn(1.00000095367431640625, tl.maximum(total, 1e-30)), 0.0)
+    exp_a, exp_b = race_exp2_args(m, inv_t)
+    # residual rows with draft probs: max(p - q, 0) < best (w - eps) needs e / total < best (w - eps) + q
+    total_low = tl.where(residual, total * 0.99999904632568359375, 0.0)
     for start in range(0, LENGTH, BLOCK):
         idx = lo + start + tl.arange(0, BLOCK)
         inside = idx < vocab
-        x = load_row(row_ptr, idx, inside)
+        x_raw = tl.load(row_ptr + idx, mask=inside, other=float("-inf")).to(tl.float32)
+        bits = philox_tile(seed, offset, position, purpose, lo + start, BLOCK)
+        cut_a, cut_c = race_cut(best, total)
         if HAS_Q:
             q = tl.load(q_row_ptr + idx, mask=idx < tl.where(residual, vocab, 0), other=0.0).to(tl.float32)
             q = tl.where(q > 0, q, 0.0)
+            skip = race_skips(x_raw, bits, exp_a, exp_b, cut_a, cut_c, q * total_low)
         else:
-            q = tl.where(idx == draft, 1.0, 0.0)
-        u = bits_to_uniform(philox_tile(seed, offset, position, purpose, lo + start, BLOCK))
-        bound = mass_bound(x - m, inv_t, bound_scale)
-        may_win = race_may_win(race_masses(tl.where(residual, bound - q, bound), inside), u, best)
+            skip = race_skips(x_raw, bits, exp_a, exp_b, cut_a, cut_c, 0.0)
+        may_win = tl.where(skip, 0, 1)
         if tl.max(may_win, 0) != 0:  # the exact p (two correctly rounded divisions) for the tile's log path
+            x = logit_value(x_raw)
+            if not HAS_Q:
+                q = tl.where(idx == draft, 1.0, 0.0)
             if HAS_T:
                 z = scaled(x, m, temperature)
             else:
@@ -724,21 +730,37 @@ def split_race(row_ptr, q_row_ptr, draft, residual, vocab, m, temperature, tau, 
             mass = tl.where(total > 0, tl.math.div_rn(tl.exp(z), tl.maximum(total, 1e-30)), 0.0)
             mass = tl.where(order_key(z) >= tau, mass, 0.0)
             target = tl.where(residual, mass - q, mass)
-            best, best_index = race_tile_fold(race_masses(target, inside), u, idx, may_win, best, best_index, True)
+            best, best_index = race_tile_fold(race_masses(target, inside), bits_to_uniform(bits), idx, may_win, best,
+                                              best_index, True)
     return best, best_index
 
 
 @triton.jit
-def mass_bound(d, inv_t, bound_scale):
-    """An upper bound, without a division, on p = div_rn(exp(div_rn(d, T)), total) for d = x - m <= 0 (or
-    NaN, where total is 0): for the race's skip test only (race_may_win keeps every entry whose exact p
-    could win when fed a larger p). z_up = d * (1/T) * (1 - 2^-20) + 2^-12 >= z + 2^-13 for the z that
-    matters (|z| < 128; beyond, exp(z) is 0): the factor covers the three roundings (2^-24 each), the
-    offset the rounding of z_up * log2(e) and the approximate ex2 (both below 2^-16 in the exponent), also
-    at the flush to zero. bound_scale = (1 + 2^-20) / total covers its own rounding and the product's and
-    the exact quotient's; a positive bound is at least 1e-37, above any subnormal p."""
-    e = tl.exp(d * inv_t * 0.99999904632568359375 + 0.000244140625)
-    return tl.where(e > 0, tl.maximum(e * bound_scale, 1e-37), 0.0)
+def race_exp2_args(m, inv_t):
+    """(a, b) with 2^(x a + b) >= (1 + 2^-13) exp(z) for every logit x <= m, z = (x - m) / T as the exact path
+    rounds it (a the row's scalar; x raw, NaN and +inf give NaN and inf: never skipped). a = (1/T) log2(e)
+    (1 - 2^-20): below its exact value by at least 0.75 2^-20 after its three roundings, so (x - m) a exceeds
+    the exact path's rounded z log2(e) (four roundings, 2^-22 of it) for x <= m; b = 2^-12 + |m a| 2^-21 - m a
+    also covers the roundings of m a and b and of x a + b (2^-18 below 2^7; an exponent beyond only flushes
+    to 0 or overflows), whether x a + b is fused or not: 2^(x a + b) >= 2^(2^-13) 2^(z log2(e)) rounded, which
+    covers tl.exp's and ex2's relative errors (below 2^-20). See race_skips."""
+    a = inv_t * LOG2E * 0.99999904632568359375
+    ma = m * a
+    b = (0.000244140625 + tl.abs(ma) * 4.76837158203125e-07) - ma
+    return a, b
+
+
+@triton.jit
+def race_skips(x_raw, bits, exp_a, exp_b, cut_a, cut_c, q_total):
+    """Entries of a tile that provably cannot beat the race's best score (rejection.py race_cut, whose docstring
+    has the proof): P < C - A f + q_total with P = ex2(x a + b) (race_exp2_args: P / total >= p, the exact
+    path's p = exp(z) / total rounded), f from the random bits (uniform_mantissa), (A, C) = race_cut(best, total)
+    and q_total = q(x) total (1 - 2^-20) for a residual with draft probs (else 0). The raw logit is not
+    sanitized: NaN and +inf give NaN and inf, never skipped; entries past the row load -inf (P = 0) and race
+    as -1 in the fold. An entry whose P flushes to 0 has p < 2^-125 / total (its rounded exponent is below
+    -125): a skip needs 0 < C - A f, so -log(u) > 0.99e-5 and its score is below 2^-125 / (total 0.99e-5) <
+    1e-30 < best, as race_cut's total >= 0.5 makes sure."""
+    return tl.math.exp2(x_raw * exp_a + exp_b) < (cut_c - cut_a * uniform_mantissa(bits)) + q_total
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -108,39 +108,68 @@ def slice_argmax(row_ptr, lo, hi, vocab, BLOCK: tl.constexpr, WHILE_LOOPS: tl.co
 
 
 @triton.jit
-def race_may_win(mass, u, best):
-    """Whether entries (uniforms u) can still beat the race's running best `best` (a scalar): race_update of
-    csrc/common/sampling_math.h, whose race_may_win comment proves that a skipped entry's score is below best.
-    An entry without mass (0) scores 0 and matters only while best <= 0; mass < 0 marks an entry out of the
-    race. int32, nonzero where an entry may win (selects only: a block and a scalar bool combine into no
-    mask in triton 3.9's interpreter)."""
-    skip = (u * best) <= (best - mass) * 0.99998
-    with_mass = tl.where(best > 1e-30, tl.where(skip, 0, 1), 1)
-    return tl.where(mass > 0, with_mass, tl.where(mass == 0, tl.where(best <= 0, 1, 0), 0))
+def uniform_mantissa(bits):
+    """f = 1 + k 2^-23 (float32 in [1, 2)) from the top 23 of 32 random bits k: the race's uniform is
+    u = (2k + 1) 2^-24 (bits_to_uniform) and 1 - u = (2 - f) - 2^-24, both exactly (two instructions)."""
+    return ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def race_tile_update(mass, u, idx, best, best_index, noisy):
+def race_cut(best, total):
+    """(A, C) of a race's skip test against its best score so far `best` (a scalar), for entries whose masses
+    are at most P / total: an entry with random bits of mantissa f (uniform_mantissa) is skipped when
+    P < C - A f (+ q total (1 - 2^-20) for a residual against draft probs q), A = best total (1 - 2^-20),
+    C = 2 A - A (2e-5 + 2^-24). Probabilities given as such race with total = 1 and P their mass.
+
+    Why a skipped entry cannot win. Write eps = 1e-5 and w = 1 - u = (2 - f) - 2^-24. A is below best total;
+    C - A f rounds within A 2.5e-7 of A (w - 2e-5) (A 2^-24 in C, twice A 2^-24 in the products), a sum with
+    q total (1 - 2^-20) within 2^-24 of itself; eps covers all of them. So a skip means P / total <
+    best (w - eps) + q: the entry's race mass r = max(p - q, 0) (p without draft probs), p <= P / total, has
+    r < best (w - eps), so either r = 0 (its score 0 does not beat best > 0) or, with t = r / best < 1,
+    u <= (1 - t)(1 - eps): the condition of race_may_win's proof (csrc/common/sampling_math.h) under which the
+    score r / -log(u), log and division rounded, stays below best. NaN compares false (never skipped).
+
+    Not while best <= 1e-30 (a race still empty or without mass, where entries without mass may win; the
+    rounding bounds need normal numbers) nor for total < 0.5 (a row without mass): A = 0, C = -inf, nothing
+    skipped. best = inf gives NaN: nothing skipped either."""
+    fast = (best > 1e-30) & (total >= 0.5)
+    a = tl.where(fast, best * total * 0.99999904632568359375, 0.0)
+    c = tl.where(fast, 2.0 * a - (a * 2e-5 + a * 5.9604644775390625e-08), float("-inf"))
+    return a, c
+
+
+@triton.jit
+def race_skips_probs(mass, bits, cut_a, cut_c):
+    """Entries of a race over given masses (probabilities, or residuals max(p - q, 0)) that provably cannot beat
+    its best score: mass < C - A f, (A, C) = race_cut(best, 1), f = uniform_mantissa(bits)."""
+    return mass < cut_c - cut_a * uniform_mantissa(bits)
+
+
+@triton.jit
+def race_tile_update(mass, bits, idx, best, best_index, noisy):
     """Fold one tile of a race into its running (best score, first index): scalars, the race so far.
 
-    The common tile has no entry that may still win (race_may_win against the race so far): one skip test
-    per entry, one tile-wide OR, no log. Otherwise the entries that may win score mass / -log(u), rounded to
-    nearest as in the C++ and CUDA kernels (the others cannot win: -1), and a tile argmax follows. Not
-    `noisy`: an argmax of the masses (score = mass). mass < 0: out of the race. Tiles come in increasing
-    index order, so a strictly larger score keeps the first index on ties."""
-    may_win = tl.where(noisy, race_may_win(mass, u, best), tl.where(mass > best, 1, 0))
+    The common tile has no entry that may still win: a skip test per entry (mass < C - A f, race_cut: two
+    instructions with f from the random bits), one tile-wide OR, no log. Otherwise the entries that may win
+    score mass / -log(u) (u = bits_to_uniform(bits)), rounded to nearest as in the C++ and CUDA kernels (the
+    others cannot win: -1), and a tile argmax follows. Not `noisy`: an argmax of the masses (score = mass).
+    mass < 0: out of the race. Tiles come in increasing index order, so a strictly larger score keeps the
+    first index on ties."""
+    cut_a, cut_c = race_cut(best, 1.0)
+    may_win = tl.where(noisy, tl.where(race_skips_probs(mass, bits, cut_a, cut_c), 0, 1), tl.where(mass > best, 1, 0))
     if tl.max(may_win, 0) != 0:
-        best, best_index = race_tile_fold(mass, u, idx, may_win, best, best_index, noisy)
+        best, best_index = race_tile_fold(mass, bits_to_uniform(bits), idx, may_win, best, best_index, noisy)
     return best, best_index
 
 
 @triton.jit
 def race_tile_fold(mass, u, idx, may_win, best, best_index, noisy):
-    """The log path of race_tile_update: the entries that may win (may_win != 0) score mass / -log(u) (mass
-    when not `noisy`), the others -1; the tile's largest score, first index on ties, replaces the running
-    best if strictly larger. Callers whose masses cost divisions (logits.py split_race) run the skip test on
-    an upper bound of them and compute the exact masses for this fold only."""
-    score = tl.where(may_win != 0, tl.where(noisy, tl.math.div_rn(mass, -tl.log(u)), mass), -1.0)
+    """The log path of race_tile_update: the entries that may win (may_win != 0; mass < 0, out of the race,
+    never) score mass / -log(u) (mass when not `noisy`), the others -1; the tile's largest score, first index
+    on ties, replaces the running best if strictly larger. Callers whose masses cost divisions (logits.py
+    split_race) run the skip test on an upper bound of them and compute the exact masses for this fold only."""
+    racing = (may_win != 0) & (mass >= 0)
+    score = tl.where(racing, tl.where(noisy, tl.math.div_rn(mass, -tl.log(u)), mass), -1.0)
     top = tl.max(score, 0)
     top_index = tl.min(tl.where(score == top, idx, 0x7FFFFFFF), 0)
     if top > best:
@@ -160,8 +189,8 @@ def _race_tile(p_row_ptr, q_row_ptr, q_end, q_at, start, best, best_index, vocab
     else:
         q = tl.where(idx == q_at, 1.0, 0.0)
     diff = mass - q
-    u = bits_to_uniform(philox_tile(seed, offset, position, purpose, start, BLOCK))
-    return race_tile_update(prob_mass(diff), u, idx, best, best_index, True)
+    bits = philox_tile(seed, offset, position, purpose, start, BLOCK)
+    return race_tile_update(prob_mass(diff), bits, idx, best, best_index, True)
 
 
 @triton.jit

@@ -128,8 +128,8 @@ def final_race(p_row_ptr, q_row_ptr, vocab, z_ptr, zeroed_ptr, m, seed, offset, 
             while j < m:
                 mass = tl.where(idx == tl.load(zeroed_ptr + j), 0.0, mass)
                 j += 1
-        u = bits_to_uniform(philox_tile(seed, offset, position, purpose, start, BLOCK))
-        best, best_index = race_tile_update(mass, u, idx, best, best_index, True)
+        bits = philox_tile(seed, offset, position, purpose, start, BLOCK)
+        best, best_index = race_tile_update(mass, bits, idx, best, best_index, True)
     return best_index.to(tl.int64)
 
 
@@ -180,8 +180,8 @@ def split_sum_race(p_row_ptr, q_row_ptr, q_end, kids_ptr, num_kids, lane_sums_pt
                     mass = prob_mass(p)
                     counts += (mass > 0).to(tl.int32)
                 total += mass
-                u = bits_to_uniform(philox_tile(seed, offset, position, purpose, start, CHUNK))
-                best, best_index = race_tile_update(tl.where(racing, mass, -1.0), u, idx, best, best_index, noisy)
+                bits = philox_tile(seed, offset, position, purpose, start, CHUNK)
+                best, best_index = race_tile_update(tl.where(racing, mass, -1.0), bits, idx, best, best_index, noisy)
         tl.store(lane_sums_ptr + lanes, total)
         if not HAS_Q:
             count += tl.sum(counts.to(tl.int64), 0)
