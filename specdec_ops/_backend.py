@@ -22,6 +22,16 @@ from ._checks import BackendUnavailableError, SpecDecArgumentError
 BACKENDS = ("cuda", "triton", "cpu", "reference")
 
 
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (the current device for an index-less one); cached."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (>= 1): Triton block sizes."""
     return 1 << max(0, int(n) - 1).bit_length()

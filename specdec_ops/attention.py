@@ -11,14 +11,13 @@ The fake impl for torch.compile, the CPU composite and the Triton launcher live 
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
+from ._backend import next_pow2, num_sms, resolve_backend, triton_interpreting, values_checked_here
 from ._checks import BackendUnavailableError, INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, fail, first_bad
 from .attention_merge import _cascade_flash_attn, _merge_fp32
 from .tree import _check_mask, _mask_words, _unpack_bits
@@ -325,11 +324,6 @@ def _fake_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, sm
 _FORCE_NUM_SPLITS: int | None = None
 
 
-@functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _launch_grid(batch: int, kv_heads: int, row_tiles: int, splits: int) -> tuple[int, int, int]:
     """Grid of tree_attention_kernel: (B * Hk, row tiles, splits).
 
@@ -381,7 +375,7 @@ def _num_splits(programs: int, capacity: int, device: torch.device) -> int:
         return _FORCE_NUM_SPLITS
     if device.type != "cuda" or capacity <= 2048:
         return 1
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    sms = num_sms(device)
     if programs >= sms:
         return 1
     return max(1, min(-(-2 * sms // programs), capacity // 1024, 32))

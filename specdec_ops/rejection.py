@@ -7,12 +7,11 @@ torch.compile and the Triton launchers live here too.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
+from ._backend import next_pow2, num_sms, resolve_backend, triton_interpreting, values_checked_here
 from ._checks import (call_native, check_bonus_token_ids, check_bonus_values, check_chain_values, check_cu_values,
                       check_draft_ids, check_greedy, check_index_tensor, check_packed_layout, check_probs, check_rank,
                       check_reject_invalid_drafts, check_synthetic_rates, check_synthetic_values, fail,
@@ -273,11 +272,6 @@ _TRITON_MAXNREG = 96
 _TRITON_MAX_PARTS = 256  # merge width bound (PARTS_BLOCK)
 
 
-@functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _triton_block(vocab: int) -> int:
     """Vocab tile of rejection_sample_kernel: a multiple of 4 (philox_tile)."""
     return max(4, min(next_pow2(vocab), 8192 if triton_interpreting() else 1024))
@@ -321,8 +315,7 @@ def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, o
     if triton_interpreting() or target.device.type != "cuda":
         resident = 2 * batch  # the interpreter runs programs one by one: at most 2 parts by default
     else:
-        resident = _num_sms(target.device.index if target.device.index is not None
-                            else torch.cuda.current_device()) * _TRITON_PROGRAMS_PER_SM
+        resident = num_sms(target.device) * _TRITON_PROGRAMS_PER_SM
     num_parts, tiles_per_part = _triton_parts(batch, tiles, resident, parts)
     # Per-call workspace: partials [B, K+1, parts] and a ticket counter per request (zeroed on the stream).
     scores = target.new_empty((batch, max_draft + 1, num_parts), dtype=torch.float32)
