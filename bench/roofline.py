@@ -535,6 +535,11 @@ def logits_cases():
 
 
 SPLIT_CHUNK = 8192   # specdec_ops/logits.py SPLIT_CHUNK
+
+
+def _race_group(batch, chunks):
+    """specdec_ops/logits.py _race_group on the modelled GPU: chunks per program of the walk kernel's race."""
+    return 2 if chunks >= 2 and batch * chunks > 6 * SMS else 1
 SPLIT_BLOCK = 1024   # specdec_ops/logits.py _block (compiled)
 SPLIT_PART_BLOCK = 4096  # specdec_ops/logits.py _partials_block(SPLIT_CHUNK)
 
@@ -543,11 +548,13 @@ def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars
     """Triton chain verification without filters (specdec_ops/logits.py _launch_chain): two kernels.
     chain_row_partials_kernel, grid (B x (K+1), chunks of SPLIT_CHUNK): each row read once, per tile of
     SPLIT_PART_BLOCK entries a max and an exp-sum against the running max, 20 B of partials written per chunk;
-    then chain_walk_race_kernel, grid (B, chunks): the partials read back by every program of the request
-    (the walk over K+1 rows), the bonus row's race over one chunk per program, 24 B of winners per program
-    plus the ticket. The race kernel's row is counted
+    then chain_walk_race_kernel, grid (B, races): the partials read back by every program of the request
+    (the walk over K+1 rows), the bonus row's race over RACE_GROUP chunks per program (_race_group: 2 here, 8
+    programs per request), 24 B of winners per program plus the ticket. The race kernel's row is counted
     from HBM again (it may sit in L2 after the first kernel: not modelled)."""
     chunks = -(-V // SPLIT_CHUNK)
+    group = _race_group(batch, chunks)
+    races = -(-chunks // group)
     partials = batch * rows * chunks * 20
     types = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32", part_max_ptr="*fp32",
                  part_arg_ptr="*i64", part_sum_ptr="*fp32", tau_ptr="*i64", part_kept_ptr="*fp32",
@@ -556,13 +563,14 @@ def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars
                  bonus_ptr="*i64", rates_ptr="*fp32")
     const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, LOGPROBS=False, HAS_BONUS=False, TREE=False,
                  HAS_RATES=False, HAS_FILTERS=False, EARLY=False, CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(),
-                 CHUNK=SPLIT_CHUNK, BLOCK_K=8, vocab=V, BLOCK=SPLIT_BLOCK, PART_BLOCK=SPLIT_PART_BLOCK)
+                 CHUNK=SPLIT_CHUNK, BLOCK_K=8, vocab=V, BLOCK=SPLIT_BLOCK, PART_BLOCK=SPLIT_PART_BLOCK,
+                 RACE_GROUP=group)
     race = Case(name=f"logits_triton_{tag}_race", backend="triton", shape=shape, loop="race", streams=1,
-                elem_bytes=2, bytes_moved=batch * row_bytes + batch * chunks * (rows * 20 + 24) + scalars,
+                elem_bytes=2, bytes_moved=batch * row_bytes + batch * (chunks * rows * 20 + races * 24) + scalars,
                 min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch, passes=1,
                 source="triton_kernels.logits:chain_walk_race_kernel",
                 triton=dict(types=types, constexprs=const, num_warps=4),
-                grid=lambda res: (batch * chunks, chunks))
+                grid=lambda res: (batch * races, races))
     return Case(name=f"logits_triton_{tag}", backend="triton", shape=shape, loop="expsum", streams=1,
                 elem_bytes=2, bytes_moved=batch * rows * row_bytes + partials,
                 min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch * rows, passes=1,
@@ -586,6 +594,8 @@ def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scal
     chain_kept_mass_kernel (the last pick, the bonus row once more: the kept mass over its chunk; the draft rows
     read their flag); then the walk and the bonus row's race (chain_walk_race_kernel, HAS_FILTERS, EARLY)."""
     chunks = -(-V // SPLIT_CHUNK)
+    group = _race_group(batch, chunks)
+    races = -(-chunks // group)
     programs = batch * rows * chunks
     types = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32", top_k_ptr="*i64",
                  top_p_ptr="*fp32", min_p_ptr="*fp32", part_max_ptr="*fp32", part_arg_ptr="*i64",
@@ -600,12 +610,12 @@ def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scal
     split = dict(shape=shape, streams=1, elem_bytes=2, min_bytes=batch * rows * row_bytes, elems_per_pass=V,
                  items=batch * rows, grid=lambda res: (programs, chunks))
     race = Case(name=f"logits_triton_{tag}_race", backend="triton", loop="race", passes=1,
-                bytes_moved=batch * row_bytes + batch * chunks * (rows * 28 + 24) + scalars,
+                bytes_moved=batch * row_bytes + batch * (chunks * rows * 28 + races * 24) + scalars,
                 source="triton_kernels.logits:chain_walk_race_kernel",
                 triton=dict(types=types, constexprs=dict(const, HAS_DRAFT_PROBS=has_q, LOGPROBS=False,
                                                          HAS_RATES=False, HAS_FILTERS=True, BLOCK_K=8,
-                                                         BLOCK=SPLIT_BLOCK), num_warps=4),
-                **dict(split, items=batch, grid=lambda res: (batch * chunks, chunks)))
+                                                         BLOCK=SPLIT_BLOCK, RACE_GROUP=group), num_warps=4),
+                **dict(split, items=batch, grid=lambda res: (batch * races, races)))
     # Top-p's early acceptance (EARLY: no logprobs) takes the K draft rows (the scenario's drafts hold nearly all
     # the mass): their programs decide it in the first radix launch (the row's chunk partials, the draft's id,
     # logit and q, one flag written) and exit, in the later launches and the kept mass after reading the flag.

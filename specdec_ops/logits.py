@@ -44,7 +44,7 @@ import numbers
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, resolve_backend, triton_interpreting, values_checked_here
+from ._backend import next_pow2, num_sms, resolve_backend, triton_interpreting, values_checked_here
 from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_bonus_token_ids, check_bonus_values, check_chain_values,
                       check_cu_values, check_device, check_draft_ids, check_dtype, check_index_tensor,
                       check_packed_layout, check_rank, check_reject_invalid_drafts, check_shape, check_synthetic_rates,
@@ -651,11 +651,22 @@ def _split_rows(target, lengths, params, rows, max_draft, num_draft_rows, bonus_
                 early=has_filters and early is not None and flags["HAS_P"])
 
 
+def _race_group(target, batch, chunks):
+    """Chunks per program of chain_walk_race_kernel's race: 2 when one chunk per program would take more
+    than one wave of the GPU (6 programs per SM fit), else 1. The race's winner does not depend on it (every
+    entry's noise is keyed by its index, the programs' winners merge exactly); a program that races more
+    tiles runs fewer first tiles, which always take the exact path."""
+    if target.device.type != "cuda" or chunks < 2:
+        return 1
+    return 2 if batch * chunks > 6 * num_sms(target.device) else 1
+
+
 def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
                   batch, max_draft, packed, bonus_rows, bonus_token_ids, rates, chunk=None, block=None,
-                  radix_block=None):
+                  radix_block=None, race_group=None):
     """The Triton chain kernels, every row split over chunks of `chunk` entries (tiles of `block`; the radix
-    histograms' of `radix_block`): _split_rows, then chain_walk_race_kernel."""
+    histograms' of `radix_block`): _split_rows, then chain_walk_race_kernel (its race over `race_group` chunks a
+    program: _race_group by default)."""
     from .triton_kernels.logits import chain_walk_race_kernel
 
     token_ids = target_logits.new_empty((batch, max_draft + 1), dtype=torch.int64)
@@ -676,17 +687,19 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     split = _split_rows(target, lengths, params, batch * (max_draft + 1), max_draft, ids.numel(), bonus_rows, packed,
                         bonus_token_ids is not None, False, chunk, block, radix_block, early=early)
     chunks = split["chunks"]
-    race_score = target.new_empty((batch, chunks), dtype=torch.float32)
-    race_index = target.new_empty((batch, chunks), dtype=torch.int64)
+    group = race_group or _race_group(target, batch, chunks)
+    races = -(-chunks // group)
+    race_score = target.new_empty((batch, races), dtype=torch.float32)
+    race_index = target.new_empty((batch, races), dtype=torch.int64)
     tickets = torch.zeros((batch,), dtype=torch.int32, device=target.device)
-    chain_walk_race_kernel[(batch, chunks)](
+    chain_walk_race_kernel[(batch, races)](
         target, q, ids, lengths, seeds, offsets, split["ptrs"][0], *split["stats"], race_score, race_index, tickets,
         token_ids, num_accepted, logprobs if return_logprobs else target, bonus,
         target if rates is None else rates.contiguous(), vocab, max_draft, ids.numel(), int(bonus_rows),
         PACKED=packed, HAS_T=split["flags"]["HAS_T"], HAS_BONUS=bonus_token_ids is not None,
         HAS_DRAFT_PROBS=draft_probs is not None, HAS_RATES=rates is not None, LOGPROBS=bool(return_logprobs),
         HAS_FILTERS=split["has_filters"], EARLY=split["early"], CHUNKS=chunks, CHUNKS_P2=next_pow2(chunks), CHUNK=split["chunk"],
-        BLOCK_K=next_pow2(max_draft + 1), BLOCK=split["block"])
+        BLOCK_K=next_pow2(max_draft + 1), BLOCK=split["block"], RACE_GROUP=group)
     return token_ids, num_accepted, logprobs
 
 

@@ -52,8 +52,8 @@ compile_all(chain_row_partials_kernel, split,
 compile_all(chain_walk_race_kernel, split,
             [dict(PACKED=False, HAS_DRAFT_PROBS=True, HAS_T=True, LOGPROBS=not early, HAS_BONUS=False,
                   HAS_RATES=False, HAS_FILTERS=filters, EARLY=early, CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, BLOCK_K=8,
-                  BLOCK=1024, vocab=128256)
-             for filters, early in ((False, False), (True, False), (True, True))])
+                  BLOCK=1024, vocab=128256, RACE_GROUP=group)
+             for filters, early, group in ((False, False, 2), (True, False, 1), (True, True, 2))])
 # with filters: the radix passes (both selects) and the kept mass, 4 warps as launched, no spills; bf16 logits
 # (4 passes a select) and float32 (8); top-p's early acceptance (EARLY, chain rows without logprobs) with and
 # without draft probabilities

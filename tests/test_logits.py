@@ -1377,6 +1377,47 @@ def test_triton_split_chain_equals_the_cpu_op(draft_probs, logprobs, chunk):
 
 
 @pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+@pytest.mark.parametrize("race_group", [2, 3, 13, 20])
+def test_triton_split_chain_race_groups_equal_the_cpu_op(race_group):
+    """The walk kernel's race over several chunks a program (RACE_GROUP: 13 chunks of 16 in 7, 5, 1 and 1
+    programs, the last one's group past the row's end) against the C++ op, with and without draft probs and
+    log-probabilities: the programs' winners merge into the race over the whole row."""
+    from specdec_ops.logits import _launch_chain
+
+    logits, drafts, num, temperature, q, seeds = _split_cases()
+    for dp, logprobs, offset in ((None, False, 0), (q, True, 1), (q, False, 2)):
+        offsets = torch.full((logits.shape[0],), offset, dtype=torch.int64)
+        ref = specdec_ops.rejection_sample_logits(logits, drafts, num, dp, temperature=temperature, seeds=seeds,
+                                                  offsets=offsets, return_logprobs=logprobs,
+                                                  reject_invalid_drafts=True, backend="cpu")
+        ids, accepted, lps = _launch_chain(logits, drafts, num, dp, (temperature, None, None, None), seeds, offsets,
+                                           logprobs, logits.shape[0], drafts.shape[1], packed=False, bonus_rows=True,
+                                           bonus_token_ids=None, rates=None, chunk=16, block=16, race_group=race_group)
+        assert torch.equal(ids, ref.token_ids), (offset, ids, ref.token_ids)
+        assert torch.equal(accepted, ref.num_accepted)
+        if logprobs:
+            torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)
+
+
+def test_race_group_only_past_a_wave(monkeypatch):
+    """_race_group: 1 off the GPU and for one chunk; on a GPU 2 once one chunk per program would take more
+    than a wave (6 programs per SM), else 1."""
+    from specdec_ops import logits as L
+
+    cpu = torch.empty(1)
+    assert L._race_group(cpu, 64, 16) == 1
+    monkeypatch.setattr(L, "num_sms", lambda device: 132)
+
+    class FakeTensor:  # a tensor's device without a GPU
+        device = torch.device("cuda", 0)
+
+    assert L._race_group(FakeTensor, 64, 16) == 2        # 1024 programs > 792
+    assert L._race_group(FakeTensor, 48, 16) == 1        # 768: one wave
+    assert L._race_group(FakeTensor, 4096, 1) == 1       # one chunk
+    assert L._race_group(FakeTensor, 8, 16) == 1
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
 @pytest.mark.parametrize("has_t", [True, False], ids=["temperature", "unit"])
 def test_triton_chunk_partials_against_float64(has_t):
     """chain_row_partials_kernel alone, chunks of 4 tiles of 16: (max, first argmax, sum of exp((x - max) / T))

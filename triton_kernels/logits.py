@@ -565,12 +565,13 @@ def tree_rejection_sample_logits_kernel(
 #   1. chain_row_partials_kernel, grid (B x (K + 1), chunks): each program reads one chunk of one row once
 #      (per tile: its max, then its sum of exp((x - m_c) / T) against the running max) and writes (m_c, first
 #      argmax, s_c);
-#   2. chain_walk_race_kernel, grid (B, chunks): each program combines the partials of the request's rows
+#   2. chain_walk_race_kernel, grid (B, races): each program combines the partials of the request's rows
 #      in chunk order (m = max m_c, total = sum_c exp((m_c - m) / T) s_c: the same in every program), walks
-#      the acceptance tests, then races over its own chunk of the row where the walk stopped; the program
-#      that takes the last ticket of the request (an atomic counter in a per-call workspace) combines the
-#      chunk winners (largest score, then smallest index: exactly one program's race over the whole row)
-#      and writes the outputs. No program ever waits for another, so the interpreter runs it as the GPU does.
+#      the acceptance tests, then races over its own RACE_GROUP chunks of the row where the walk stopped
+#      (races = ceil(chunks / RACE_GROUP); the launcher groups chunks when one per program would take more
+#      than a wave of the GPU); the program that takes the last ticket of the request (an atomic counter in
+#      a per-call workspace) combines the programs' winners (largest score, then smallest index: exactly one
+#      program's race over the whole row) and writes the outputs. No program ever waits for another, so the interpreter runs it as the GPU does.
 # The chunk size is fixed by the launcher (not by the GPU's size), so the sums round the same on any device.
 # Every row up to the request's last draft (and its bonus row) is read once, also after an early rejection:
 # the price of having no barrier between the rows of a walk.
@@ -1033,20 +1034,22 @@ def chain_walk_race_kernel(
     part_max_ptr, part_arg_ptr, part_sum_ptr,  # from chain_row_partials_kernel
     tau_ptr,             # int64 [B x (K+1)] kept-key thresholds (HAS_FILTERS: chain_kept_mass_kernel)
     part_kept_ptr,       # float32 [B x (K+1), CHUNKS] the chunks' kept masses (HAS_FILTERS, where tau > 0)
-    race_score_ptr,      # float32 workspace [B, CHUNKS]: the chunks' race winners' scores
-    race_index_ptr,      # int64 workspace [B, CHUNKS]
+    race_score_ptr,      # float32 workspace [B, RACES]: the race programs' winners' scores
+    race_index_ptr,      # int64 workspace [B, RACES]
     tickets_ptr,         # int32 [B], zero before the launch
     token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, rates_ptr,
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, LOGPROBS: tl.constexpr,
     HAS_BONUS: tl.constexpr, HAS_RATES: tl.constexpr, HAS_FILTERS: tl.constexpr, EARLY: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, RACE_GROUP: tl.constexpr = 1,
 ):
     """The walk of a request's rows (csrc/logits/logits_cpu.cpp chain_request, with the engine keywords of issue
     #14: HAS_BONUS emits bonus_ptr[b], clamped into [0, V), after a fully accepted chain without reading a bonus
     row, its logprob NaN; HAS_RATES accepts a valid draft k iff u_k < rates[k]) on combined row statistics,
-    then this program's chunk of the final race; the request's last program to finish writes the outputs.
+    then this program's RACE_GROUP chunks of the final race (grid B x RACES, RACES = ceil(CHUNKS / RACE_GROUP):
+    a program racing more tiles runs fewer first tiles, which always take the exact path); the request's last
+    program to finish writes the outputs.
     HAS_FILTERS: a row with a threshold (tau > 0) keeps {key >= tau} and its total is the sum of the chunks'
     kept masses; EARLY: a row with tau = -1 is a draft row whose draft top-p's early acceptance took
     (chain_radix_pass_kernel): accepted."""
@@ -1119,20 +1122,21 @@ def chain_walk_race_kernel(
         purpose = tl.where(residual, PURPOSE_RESIDUAL, PURPOSE_BONUS)
         row_ptr = logits_ptr + (target_base + k) * vocab
         q_row_ptr = draft_probs_ptr + (draft_base + k) * vocab
-        lo = tl.program_id(1) * CHUNK  # int32, as the race's indices
+        lo = tl.program_id(1) * (CHUNK * RACE_GROUP)  # int32, as the race's indices
         best, index = split_race(row_ptr, q_row_ptr, x, residual, vocab, m, t, tau, total, seed, offset, k, purpose, lo,
-                                 CHUNK, HAS_T, HAS_DRAFT_PROBS, BLOCK)
-        at = b * CHUNKS + c
+                                 CHUNK * RACE_GROUP, HAS_T, HAS_DRAFT_PROBS, BLOCK)
+        races = (CHUNKS + RACE_GROUP - 1) // RACE_GROUP
+        at = b * races + c
         tl.store(race_score_ptr + at, best)
         tl.store(race_index_ptr + at, index.to(tl.int64))
         tl.debug_barrier()  # every thread's stores before the ticket
         ticket = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
-        writer = ticket == CHUNKS - 1
+        writer = ticket == races - 1
         if writer:
             cs = tl.arange(0, CHUNKS_P2)
-            valid = cs < CHUNKS
-            scores = tl.load(race_score_ptr + b * CHUNKS + cs, mask=valid, other=-2.0, volatile=True)
-            indices = tl.load(race_index_ptr + b * CHUNKS + cs, mask=valid, other=0, volatile=True)
+            valid = cs < races
+            scores = tl.load(race_score_ptr + b * races + cs, mask=valid, other=-2.0, volatile=True)
+            indices = tl.load(race_index_ptr + b * races + cs, mask=valid, other=0, volatile=True)
             top = tl.max(scores, 0)
             final = tl.min(tl.where(valid & (scores == top), indices, 0x7FFFFFFFFFFFFFFF), 0)
             if residual & (top <= 0):  # no residual mass: the race over p, every chunk here
