@@ -535,13 +535,14 @@ def logits_cases():
 
 
 SPLIT_CHUNK = 8192   # specdec_ops/logits.py SPLIT_CHUNK
+SPLIT_BLOCK = 1024   # specdec_ops/logits.py _block (compiled)
+SPLIT_PART_BLOCK = 4096  # specdec_ops/logits.py _partials_block(SPLIT_CHUNK)
 
 
 def _race_group(batch, chunks):
-    """specdec_ops/logits.py _race_group on the modelled GPU: chunks per program of the walk kernel's race."""
-    return 2 if chunks >= 2 and batch * chunks > 6 * SMS else 1
-SPLIT_BLOCK = 1024   # specdec_ops/logits.py _block (compiled)
-SPLIT_PART_BLOCK = 4096  # specdec_ops/logits.py _partials_block(SPLIT_CHUNK)
+    """Chunks per program of the walk kernel's race on the modelled GPU: the launcher's own rule."""
+    from specdec_ops.logits import chain_race_group
+    return chain_race_group(batch, chunks, SMS)
 
 
 def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):

@@ -651,14 +651,15 @@ def _split_rows(target, lengths, params, rows, max_draft, num_draft_rows, bonus_
                 early=has_filters and early is not None and flags["HAS_P"])
 
 
-def _race_group(target, batch, chunks):
-    """Chunks per program of chain_walk_race_kernel's race: 2 when one chunk per program would take more
-    than one wave of the GPU (6 programs per SM fit), else 1. The race's winner does not depend on it (every
-    entry's noise is keyed by its index, the programs' winners merge exactly); a program that races more
-    tiles runs fewer first tiles, which always take the exact path."""
-    if target.device.type != "cuda" or chunks < 2:
-        return 1
-    return 2 if batch * chunks > 6 * num_sms(target.device) else 1
+_RACE_PROGRAMS_PER_SM = 6  # chain_walk_race_kernel's programs resident per SM (80 registers, 4 warps)
+
+
+def chain_race_group(batch: int, chunks: int, sms: int) -> int:
+    """Chunks per program of chain_walk_race_kernel's race on a GPU with `sms` SMs: 2 when one chunk per
+    program would take more than one wave, else 1. The race's winner does not depend on it (every entry's noise
+    is keyed by its index, the programs' winners merge exactly); a program that races more tiles runs fewer
+    first tiles, which always take the exact path. bench/roofline.py models the same choice."""
+    return 2 if chunks >= 2 and batch * chunks > _RACE_PROGRAMS_PER_SM * sms else 1
 
 
 def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
@@ -666,7 +667,7 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
                   radix_block=None, race_group=None):
     """The Triton chain kernels, every row split over chunks of `chunk` entries (tiles of `block`; the radix
     histograms' of `radix_block`): _split_rows, then chain_walk_race_kernel (its race over `race_group` chunks a
-    program: _race_group by default)."""
+    program: chain_race_group on a GPU, 1 off it, by default)."""
     from .triton_kernels.logits import chain_walk_race_kernel
 
     token_ids = target_logits.new_empty((batch, max_draft + 1), dtype=torch.int64)
@@ -687,7 +688,8 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     split = _split_rows(target, lengths, params, batch * (max_draft + 1), max_draft, ids.numel(), bonus_rows, packed,
                         bonus_token_ids is not None, False, chunk, block, radix_block, early=early)
     chunks = split["chunks"]
-    group = race_group or _race_group(target, batch, chunks)
+    group = race_group or (chain_race_group(batch, chunks, num_sms(target.device)) if target.device.type == "cuda"
+                           else 1)
     races = -(-chunks // group)
     race_score = target.new_empty((batch, races), dtype=torch.float32)
     race_index = target.new_empty((batch, races), dtype=torch.int64)

@@ -7,7 +7,6 @@ torch.compile and the Triton launchers live here too.
 
 from __future__ import annotations
 
-
 import torch
 
 from . import _ops, reference

@@ -1399,22 +1399,16 @@ def test_triton_split_chain_race_groups_equal_the_cpu_op(race_group):
             torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)
 
 
-def test_race_group_only_past_a_wave(monkeypatch):
-    """_race_group: 1 off the GPU and for one chunk; on a GPU 2 once one chunk per program would take more
-    than a wave (6 programs per SM), else 1."""
-    from specdec_ops import logits as L
+def test_chain_race_group_only_past_a_wave():
+    """chain_race_group: 2 chunks a race program once one chunk per program would take more than a wave (6
+    programs per SM), else 1; 1 for a single chunk."""
+    from specdec_ops.logits import chain_race_group
 
-    cpu = torch.empty(1)
-    assert L._race_group(cpu, 64, 16) == 1
-    monkeypatch.setattr(L, "num_sms", lambda device: 132)
-
-    class FakeTensor:  # a tensor's device without a GPU
-        device = torch.device("cuda", 0)
-
-    assert L._race_group(FakeTensor, 64, 16) == 2        # 1024 programs > 792
-    assert L._race_group(FakeTensor, 48, 16) == 1        # 768: one wave
-    assert L._race_group(FakeTensor, 4096, 1) == 1       # one chunk
-    assert L._race_group(FakeTensor, 8, 16) == 1
+    assert chain_race_group(64, 16, 132) == 2        # 1024 programs > 792
+    assert chain_race_group(48, 16, 132) == 1        # 768: one wave
+    assert chain_race_group(64, 16, 200) == 1
+    assert chain_race_group(4096, 1, 132) == 1       # one chunk
+    assert chain_race_group(8, 16, 132) == 1
 
 
 @pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")

@@ -19,8 +19,9 @@ sections at the end of this file).
 import triton
 import triton.language as tl
 
-from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile
-from .rejection import prob_mass, race_cut, race_tile_fold, race_tile_update, uniform_mantissa
+from .philox import (PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile,
+                     uniform_mantissa)
+from .rejection import prob_mass, race_cut, race_tile_fold, race_tile_update
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -571,7 +572,8 @@ def tree_rejection_sample_logits_kernel(
 #      (races = ceil(chunks / RACE_GROUP); the launcher groups chunks when one per program would take more
 #      than a wave of the GPU); the program that takes the last ticket of the request (an atomic counter in
 #      a per-call workspace) combines the programs' winners (largest score, then smallest index: exactly one
-#      program's race over the whole row) and writes the outputs. No program ever waits for another, so the interpreter runs it as the GPU does.
+#      program's race over the whole row) and writes the outputs. No program ever waits for another, so the
+#      interpreter runs it as the GPU does.
 # The chunk size is fixed by the launcher (not by the GPU's size), so the sums round the same on any device.
 # Every row up to the request's last draft (and its bonus row) is read once, also after an early rejection:
 # the price of having no barrier between the rows of a walk.

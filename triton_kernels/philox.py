@@ -88,5 +88,13 @@ def bits_to_uniform(bits):
 
 
 @triton.jit
+def uniform_mantissa(bits):
+    """f = 1 + k 2^-23 (float32 in [1, 2)) with k the top 23 bits: the uniform of bits_to_uniform is
+    u = (2k + 1) 2^-24 = f - 1 + 2^-24, and 1 - u = (2 - f) - 2^-24, both exactly (csrc/common/philox.h
+    bits_to_uniform_from_mantissa); the races' skip test is linear in f (rejection.py race_cut)."""
+    return ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def exp_noise(bits):
     return -tl.log(bits_to_uniform(bits))

@@ -34,7 +34,8 @@ take the argmax of the one row they need).
 import triton
 import triton.language as tl
 
-from .philox import PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile
+from .philox import (PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile,
+                     uniform_mantissa)
 
 
 @triton.jit
@@ -105,13 +106,6 @@ def slice_argmax(row_ptr, lo, hi, vocab, BLOCK: tl.constexpr, WHILE_LOOPS: tl.co
         for start in range(lo, hi, 2 * BLOCK):
             best, best_index = _argmax_tiles(row_ptr, start, end, best, best_index, BLOCK)
     return lanes_argmax(best, best_index)
-
-
-@triton.jit
-def uniform_mantissa(bits):
-    """f = 1 + k 2^-23 (float32 in [1, 2)) from the top 23 of 32 random bits k: the race's uniform is
-    u = (2k + 1) 2^-24 (bits_to_uniform) and 1 - u = (2 - f) - 2^-24, both exactly (two instructions)."""
-    return ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
