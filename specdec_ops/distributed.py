@@ -230,7 +230,7 @@ def _philox_uniform_span(seeds, offsets, position, purpose, start: int, length: 
     Philox block computed once, also for a span that does not start at a multiple of 4)."""
     first, last = start >> 2, (start + length + 3) >> 2
     words = _philox_blocks(seeds, offsets, position, purpose, torch.arange(first, last, device=device))
-    flat = words.reshape(words.shape[0], -1)
+    flat = words.flatten(1)  # (not reshape(B, -1): ambiguous without requests)
     return _bits_to_uniform(flat[:, start - 4 * first: start - 4 * first + length])
 
 

@@ -8,6 +8,8 @@ The random numbers follow the one Philox4x32-10 scheme of DESIGN.md §5.1
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .types import SampleOutput, TreeSampleOutput
@@ -578,7 +580,8 @@ def process_logits(logits, temperature=None, top_k=None, top_p=None, min_p=None,
     logits [R, ..., V]; the parameters are None or tensors [R] (row r's parameters apply to
     logits[r]). With return_logprobs, (probs, logprobs) with log p (-inf off the kept set).
     """
-    rows = logits.reshape(logits.shape[0], -1, logits.shape[-1]).cpu()
+    inner = math.prod(logits.shape[1:-1])  # (not -1: ambiguous without rows)
+    rows = logits.reshape(logits.shape[0], inner, logits.shape[-1]).cpu()
     probs = torch.zeros(rows.shape, dtype=torch.float32)
     logprobs = torch.full(rows.shape, float("-inf"), dtype=torch.float32)
     for r in range(rows.shape[0]):

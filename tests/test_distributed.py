@@ -154,7 +154,25 @@ def equality_cases(world, bounds_list, seed0):
                                     filters=("top_k", "top_p", "min_p"), specials=True), fixed_shapes=True))
         labels.append(f"world={world} {layout} all filters, fixed shapes (no CPU compaction, as on CUDA)")
     more, more_labels = engine_cases(seed + 10, bounds)
+    cases += empty_cases(bounds)
+    labels += [f"world={world} empty batch {layout}" for layout in ("padded", "packed", "tree")]
     return cases + more, labels + [f"world={world} {label}" for label in more_labels]
+
+
+def empty_cases(bounds):
+    """No request at all (B = 0), padded, packed and tree: the unsharded op's empty outputs."""
+    vocab, k = bounds[-1], 2
+    kw = dict(seeds=torch.zeros(0, dtype=torch.int64), offsets=torch.zeros(0, dtype=torch.int64),
+              temperature=torch.zeros(0), top_p=torch.zeros(0) + 0.5, return_logprobs=True)
+    none = torch.zeros(0, dtype=torch.int64)
+    return [{"bounds": bounds, "layout": "padded", "logits": torch.zeros(0, k + 1, vocab), "draft_probs": None,
+             "kwargs": dict(kw, draft_token_ids=torch.zeros(0, k, dtype=torch.int64), num_draft_tokens=none)},
+            {"bounds": bounds, "layout": "packed", "logits": torch.zeros(0, vocab), "draft_probs": None,
+             "kwargs": dict(kw, cu_num_draft_tokens=torch.zeros(1, dtype=torch.int64), draft_token_ids=none,
+                            max_num_draft_tokens=k)},
+            {"bounds": bounds, "layout": "tree", "logits": torch.zeros(0, 3, vocab), "draft_probs": None,
+             "kwargs": dict(kw, tree_token_ids=torch.zeros(0, 3, dtype=torch.int64),
+                            parents=torch.full((0, 3), -1, dtype=torch.int64), num_nodes=None)}]
 
 
 def engine_cases(seed, bounds):

@@ -255,6 +255,24 @@ def test_process_logits_scalars_mean_every_row(backend):
                                                   backend=backend))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ops_without_rows_return_empty_outputs(backend):
+    # R = 0 / B = 0 on every backend, the reference included (its reshape to [R, -1, V] was ambiguous)
+    for shape in ((0, 8), (0, 3, 8)):
+        probs = specdec_ops.process_logits(torch.randn(shape), temperature=torch.zeros(0), top_p=torch.ones(0),
+                                           backend=backend)
+        assert probs.shape == shape and probs.dtype == torch.float32
+    out = specdec_ops.tree_rejection_sample_logits(torch.randn(0, 4, 8), torch.zeros(0, 4, dtype=torch.int64),
+                                                   torch.full((0, 4), -1), return_logprobs=True, backend=backend)
+    assert [(tuple(x.shape), x.dtype) for x in out] == [((0, 4), torch.int64), ((0, 4), torch.int32),
+                                                        ((0,), torch.int32), ((0, 4), torch.float32)]
+    out = specdec_ops.rejection_sample_logits(torch.randn(0, 3, 8), torch.zeros(0, 2, dtype=torch.int64),
+                                              torch.zeros(0, dtype=torch.int64), return_logprobs=True,
+                                              backend=backend)
+    assert [(tuple(x.shape), x.dtype) for x in out] == [((0, 3), torch.int64), ((0,), torch.int32),
+                                                        ((0, 3), torch.float32)]
+
+
 def test_top_k_beyond_int64_is_off():
     # >= V is off, and so is a Python int no int64 holds (it raised a bare OverflowError)
     x = torch.randn(2, 30, generator=torch.Generator().manual_seed(4))
