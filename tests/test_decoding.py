@@ -514,6 +514,14 @@ def test_errors_name_the_problem(target):
         NGramDrafter(n=0)
     with pytest.raises(ValueError, match="drafter must have"):
         SpeculativeDecoder(target, object())
+    for cls in (NGramDrafter, ModelDrafter):  # the class for an instance: named at construction
+        with pytest.raises(specdec_ops.SpecDecArgumentError, match=f"drafter must be a drafter instance.*{cls.__name__}"):
+            SpeculativeDecoder(target, cls)
+    for bad in (None, "model", torch.nn.Linear(2, 2)):
+        with pytest.raises(specdec_ops.SpecDecArgumentError, match="target_model must be a Hugging Face causal LM"):
+            SpeculativeDecoder(bad, NGramDrafter())
+        with pytest.raises(specdec_ops.SpecDecArgumentError, match="model must be a Hugging Face causal LM"):
+            ModelDrafter(bad)
 
 
 # ---------------------------------------------------------------------------------------------- docs

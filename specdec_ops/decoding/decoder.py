@@ -17,8 +17,8 @@ import torch
 import specdec_ops as ops
 from specdec_ops._nvtx import nvtx_range
 from .batch import Batch
-from .forward import (TREE_ATTENTION, RaggedKVCache, chain_tree, forward, model_device, model_dtype, tree_of,
-                      vocab_size)
+from .forward import (TREE_ATTENTION, RaggedKVCache, chain_tree, check_model, forward, model_device, model_dtype,
+                      tree_of, vocab_size)
 from .sampling import SamplingParams, request_seeds
 from .types import MAX_TREE_NODES, Draft, Drafter, GenerateOutput, GenerationStats
 
@@ -52,6 +52,10 @@ class SpeculativeDecoder:
                                  or not 1 <= tree <= MAX_TREE_NODES):
             raise ops.SpecDecArgumentError(f"tree must be None or an int in [1, {MAX_TREE_NODES}] (draft nodes "
                                            f"besides the root), got {tree!r}")
+        check_model(target_model, "target_model")
+        if isinstance(drafter, type):
+            raise ops.SpecDecArgumentError(f"drafter must be a drafter instance, got the class {drafter.__name__} "
+                                           f"(e.g. {drafter.__name__}(...))")
         if tree_attention_backend is not None:
             if getattr(target_model.config, "_attn_implementation", None) != TREE_ATTENTION:
                 raise ops.SpecDecArgumentError(

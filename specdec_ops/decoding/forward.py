@@ -232,6 +232,13 @@ def tree_of(parents: torch.Tensor, num_nodes: torch.Tensor) -> tuple[torch.Tenso
     return info.mask, info.depth
 
 
+def check_model(model, name: str) -> None:
+    """A Hugging Face causal LM (a torch module with a config), else SpecDecArgumentError naming `name`."""
+    if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
+        raise ops.SpecDecArgumentError(f"{name} must be a Hugging Face causal LM (a torch.nn.Module with a "
+                                       f"config), got {type(model).__name__}")
+
+
 def vocab_size(model) -> int:
     """Rows of the model's output projection (its config's vocab_size when it has none)."""
     emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import specdec_ops as ops
-from ..forward import RaggedKVCache, chain_tree, forward, model_device, model_dtype, vocab_size
+from ..forward import RaggedKVCache, chain_tree, check_model, forward, model_device, model_dtype, vocab_size
 from ..sampling import DRAFT_STREAM, draft_offsets, process_probs, sample_tokens, stream_seeds
 from ..types import Draft, chain_draft
 
@@ -30,6 +30,7 @@ class ModelDrafter:
     def __init__(self, model, branch: int = 4):
         if isinstance(branch, bool) or not isinstance(branch, int) or branch < 1:
             raise ops.SpecDecArgumentError(f"branch must be an int >= 1, got {branch!r}")
+        check_model(model, "model")
         self.model = model
         self.vocab_size = vocab_size(model)
         self.branch = branch
