@@ -449,6 +449,10 @@ def _logits_unit_temperature_loop(text):
 # averages them over the batch; a request that takes a second round finishes a race and an exp-sum of its row
 # later (its blocks then alone on their SMs: not modelled).
 BONUS_ROUNDS = 1.11
+# The Triton early bonus token (specdec_ops/logits.py _launch_early_bonus) runs one round: the share of the
+# scenario's requests whose race winner top-p 0.9 drops (or leaves unsure), which then run the select, the kept
+# mass and the walk's race as before: 1 - 0.9 of them, rounded up to whole requests.
+TRITON_BONUS_FALLBACK = 0.1
 
 
 def logits_cases():
@@ -565,7 +569,7 @@ def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars
     const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, LOGPROBS=False, HAS_BONUS=False, TREE=False,
                  HAS_RATES=False, HAS_FILTERS=False, EARLY=False, CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(),
                  CHUNK=SPLIT_CHUNK, BLOCK_K=8, vocab=V, BLOCK=SPLIT_BLOCK, PART_BLOCK=SPLIT_PART_BLOCK,
-                 RACE_GROUP=group)
+                 RACE_GROUP=group, EARLY_BONUS=False)
     race = Case(name=f"logits_triton_{tag}_race", backend="triton", shape=shape, loop="race", streams=1,
                 elem_bytes=2, bytes_moved=batch * row_bytes + batch * (chunks * rows * 20 + races * 24) + scalars,
                 min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch, passes=1,
@@ -593,53 +597,73 @@ def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scal
     as HBM), writing its own (16 x 8 B per program); its loop counted whole, the one-hot histogram included: an
     upper bound, as only the first passes find a candidate in every tile (later tiles skip it); then
     chain_kept_mass_kernel (the last pick, the bonus row once more: the kept mass over its chunk; the draft rows
-    read their flag); then the walk and the bonus row's race (chain_walk_race_kernel, HAS_FILTERS, EARLY)."""
+    read their flag); then the walk and the bonus row's race (chain_walk_race_kernel, HAS_FILTERS, EARLY).
+    Before the filters, top-p's early bonus token (EARLY_BONUS): chain_bonus_race_kernel (grid B x races, the
+    eligibility from every draft row's partials in every program, the bonus row's race over every entry) and
+    chain_bonus_verdict_kernel (grid B x chunks: the bonus row once more, the mass above the winner); only the
+    requests whose winner top-p drops (TRITON_BONUS_FALLBACK of them) then run the radix passes, the kept mass
+    and the walk's race (the others' programs read their done flag and exit: bytes, no time)."""
     chunks = -(-V // SPLIT_CHUNK)
     group = _race_group(batch, chunks)
     races = -(-chunks // group)
     programs = batch * rows * chunks
+    fallback = math.ceil(batch * TRITON_BONUS_FALLBACK)
     types = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32", top_k_ptr="*i64",
                  top_p_ptr="*fp32", min_p_ptr="*fp32", part_max_ptr="*fp32", part_arg_ptr="*i64",
                  part_sum_ptr="*fp32", hist_ptr="*fp32", prefix_ptr="*i64", acc_ptr="*fp32",
                  goal_ptr="*fp32", floor_ptr="*i64", tau_ptr="*i64", part_kept_ptr="*fp32", race_score_ptr="*fp32",
                  race_index_ptr="*i64", tickets_ptr="*i32", token_ids_ptr="*i64", num_accepted_ptr="*i32",
                  logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32", step="i32", passed="i32",
-                 early_ptr="*i8")
+                 early_ptr="*i8", done_ptr="*i8", bonus_w_ptr="*i64", part_above_ptr="*fp32")
     const = dict(PACKED=False, HAS_T=False, HAS_K=False, HAS_P=True, HAS_MIN_P=False, HAS_BONUS=False, TREE=False,
                  CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=SPLIT_CHUNK, vocab=V, EARLY=True,
-                 HAS_DRAFT_PROBS=has_q)
+                 HAS_DRAFT_PROBS=has_q, EARLY_BONUS=True)
     split = dict(shape=shape, streams=1, elem_bytes=2, min_bytes=batch * rows * row_bytes, elems_per_pass=V,
                  items=batch * rows, grid=lambda res: (programs, chunks))
     race = Case(name=f"logits_triton_{tag}_race", backend="triton", loop="race", passes=1,
-                bytes_moved=batch * row_bytes + batch * (chunks * rows * 28 + races * 24) + scalars,
+                bytes_moved=fallback * (row_bytes + chunks * rows * 28 + races * 24) + scalars + batch * races,
                 source="triton_kernels.logits:chain_walk_race_kernel",
                 triton=dict(types=types, constexprs=dict(const, HAS_DRAFT_PROBS=has_q, LOGPROBS=False,
                                                          HAS_RATES=False, HAS_FILTERS=True, BLOCK_K=8,
                                                          BLOCK=SPLIT_BLOCK, RACE_GROUP=group), num_warps=4),
-                **dict(split, items=batch, grid=lambda res: (batch * races, races)))
+                **dict(split, items=fallback, grid=lambda res: (fallback * races, races)))
     # Top-p's early acceptance (EARLY: no logprobs) takes the K draft rows (the scenario's drafts hold nearly all
     # the mass): their programs decide it in the first radix launch (the row's chunk partials, the draft's id,
     # logit and q, one flag written) and exit, in the later launches and the kept mass after reading the flag.
     # The bonus rows run the select and the kept mass: items and grid count their programs; the others' reads
     # are counted as bytes, their launch slots not.
-    bonus_programs = batch * chunks
-    early_reads = programs * (chunks * 16 + 3 * 32 + 1) + 4 * programs * 1
+    bonus_programs = fallback * chunks
+    early_reads = programs * (chunks * 16 + 3 * 32 + 2) + 4 * programs * 2
     kept = Case(name=f"logits_triton_{tag}_kept", backend="triton", loop="expsum", passes=1,
-                bytes_moved=batch * row_bytes + bonus_programs * (4 + 2 * 16 * 8 + 8) + programs * 1,
+                bytes_moved=fallback * row_bytes + bonus_programs * (4 + 2 * 16 * 8 + 8) + programs * 2,
                 source="triton_kernels.logits:chain_kept_mass_kernel",
                 triton=dict(types=types, constexprs=dict(const, PASSES=4, BLOCK=SPLIT_BLOCK), num_warps=4), then=race,
-                **dict(split, items=batch, grid=lambda res: (bonus_programs, chunks)))
+                **dict(split, items=fallback, grid=lambda res: (bonus_programs, chunks)))
     radix = Case(name=f"logits_triton_{tag}_radix", backend="triton", loop="scan", passes=4, launches=4,
-                 bytes_moved=4 * (batch * row_bytes + bonus_programs * (chunks + 1) * 16 * 8) + early_reads,
+                 bytes_moved=4 * (fallback * row_bytes + bonus_programs * (chunks + 1) * 16 * 8) + early_reads,
                  source="triton_kernels.logits:chain_radix_pass_kernel",
                  triton=dict(types=types, constexprs=dict(const, BY_MASS=True, PASSES=4, BLOCK=SPLIT_RADIX_BLOCK),
-                             num_warps=4), then=kept, **dict(split, items=batch,
+                             num_warps=4), then=kept, **dict(split, items=fallback,
                                                              grid=lambda res: (bonus_programs, chunks)))
+    # every program of the bonus race decides its request's eligibility from the K draft rows' partials, ids,
+    # logits and q; the verdict reads the bonus row once more (its mass above the winner)
+    eligibility = rows * chunks * 16 + (rows - 1) * 3 * 32
+    verdict = Case(name=f"logits_triton_{tag}_verdict", backend="triton", loop="expsum", passes=1,
+                   bytes_moved=batch * (row_bytes + chunks * (16 + 4 + 8) + rows * 16),
+                   source="triton_kernels.logits:chain_bonus_verdict_kernel",
+                   triton=dict(types=types, constexprs=dict(const, BLOCK=SPLIT_BLOCK, BLOCK_K=8), num_warps=4),
+                   then=radix, **dict(split, items=batch, grid=lambda res: (batch * chunks, chunks)))
+    bonus_race = Case(name=f"logits_triton_{tag}_bonus", backend="triton", loop="race", passes=1,
+                      bytes_moved=batch * (row_bytes + races * (eligibility + 24)) + scalars,
+                      source="triton_kernels.logits:chain_bonus_race_kernel",
+                      triton=dict(types=types, constexprs=dict(const, BLOCK=SPLIT_BLOCK, RACE_GROUP=group),
+                                  num_warps=4),
+                      then=verdict, **dict(split, items=batch, grid=lambda res: (batch * races, races)))
     return Case(name=f"logits_triton_{tag}", backend="triton", loop="expsum", passes=1,
                 bytes_moved=batch * rows * row_bytes + programs * 20, phases=[("expsum", 1, 1)],
                 source="triton_kernels.logits:chain_row_partials_kernel",
                 triton=dict(types=types, constexprs=dict(const, PART_BLOCK=SPLIT_PART_BLOCK), num_warps=4),
-                measure=common["measure"], then=radix, **split)
+                measure=common["measure"], then=bonus_race, **split)
 
 
 def all_cases():

@@ -577,12 +577,13 @@ def _partials_block(chunk):
 
 
 def _launch_filters(target, lengths, ptrs, flags, partials, rows, chunks, chunk, block, radix_block, common,
-                    early=None):
+                    early=None, done=None):
     """The thresholds of the split rows (top-k, top-p, min-p): chain_radix_pass_kernel launches per select
     present (4 over bfloat16 logits, 5 over float16, 8 over float32: _radix_passes), then
     chain_kept_mass_kernel. `early` (chain rows without logprobs or synthetic rates: the walk's draft_probs, draft
     ids, seeds and offsets): top-p's early acceptance (triton_kernels/logits.py chain_row_accepts_early) spares
-    the rows whose draft it takes the select; their tau is -1. Returns (tau [rows] int64, part_kept [rows,
+    the rows whose draft it takes the select; their tau is -1. `done` (int8 [B], top-p's early bonus token:
+    _launch_early_bonus): the requests it decided run no pass. Returns (tau [rows] int64, part_kept [rows,
     chunks] float32)."""
     from .triton_kernels.logits import chain_kept_mass_kernel, chain_radix_pass_kernel
 
@@ -599,25 +600,28 @@ def _launch_filters(target, lengths, ptrs, flags, partials, rows, chunks, chunk,
     use_early = early is not None and flags["HAS_P"]
     early_flags = new((rows,), dtype=torch.int8) if use_early else tau  # any valid pointer without EARLY
     test = (early["draft_probs"], early["draft_ids"], early["seeds"], early["offsets"]) if use_early else (target,) * 4
+    bonus = dict(EARLY_BONUS=done is not None)
+    done = tau if done is None else done  # any valid pointer without EARLY_BONUS
     step = 0
     passes = _radix_passes(target.dtype)
     for by_mass, present in ((False, flags["HAS_K"]), (True, flags["HAS_P"])):
         for passed in range(passes if present else 0):
             chain_radix_pass_kernel[(rows, chunks)](
-                target, lengths, *ptrs, part_max, *workspaces, early_flags, part_arg, part_sum, *test, step, passed,
-                **common, BY_MASS=by_mass, PASSES=passes, EARLY=use_early,
-                HAS_DRAFT_PROBS=use_early and early["has_draft_probs"], BLOCK=radix_block)
+                target, lengths, *ptrs, part_max, *workspaces, early_flags, part_arg, part_sum, *test, done, step,
+                passed, **common, BY_MASS=by_mass, PASSES=passes, EARLY=use_early,
+                HAS_DRAFT_PROBS=use_early and early["has_draft_probs"], BLOCK=radix_block, **bonus)
             step += 1
     chain_kept_mass_kernel[(rows, chunks)](target, lengths, *ptrs, part_max, *workspaces, tau, part_kept, early_flags,
-                                           step, **common, PASSES=passes, EARLY=use_early, BLOCK=block)
+                                           done, step, **common, PASSES=passes, EARLY=use_early, BLOCK=block, **bonus)
     return tau, part_kept
 
 
 def _split_rows(target, lengths, params, rows, max_draft, num_draft_rows, bonus_rows, packed, has_bonus, tree,
-                chunk=None, block=None, radix_block=None, early=None):
+                chunk=None, block=None, radix_block=None, early=None, early_bonus=None):
     """Every row's statistics over vocabulary chunks: chain_row_partials_kernel, and with filter tensors the
-    thresholds (_launch_filters). Rows are b x (max_draft + 1) + k (TREE: node k of request b, `lengths` the
-    node counts). Returns (kernel pointers and sizes for the walk: a dict)."""
+    thresholds (_launch_filters), before them top-p's early bonus token where `early_bonus` asks for it
+    (_launch_early_bonus). Rows are b x (max_draft + 1) + k (TREE: node k of request b, `lengths` the node
+    counts). Returns (kernel pointers and sizes for the walk: a dict)."""
     from .triton_kernels.logits import chain_row_partials_kernel
 
     vocab = target.shape[-1]
@@ -640,15 +644,52 @@ def _split_rows(target, lengths, params, rows, max_draft, num_draft_rows, bonus_
         PART_BLOCK=_partials_block(chunk), **common)
     has_filters = any(p is not None for p in params[1:])
     tau, part_kept = part_max, part_sum  # any valid pointers without filters
+    done = None
+    if has_filters and early is not None and flags["HAS_P"] and early_bonus is not None and bonus_rows \
+            and not has_bonus and not tree:
+        done = _launch_early_bonus(target, lengths, ptrs, flags, (part_max, part_arg, part_sum), early, early_bonus,
+                                   max_draft, num_draft_rows, packed, chunks, chunk)
     if has_filters:
         tau, part_kept = _launch_filters(
             target, lengths, ptrs, flags, (part_max, part_arg, part_sum), rows, chunks, chunk, block, radix_block,
             dict(vocab=vocab, max_draft=max_draft, num_draft_rows=num_draft_rows, bonus_rows=int(bonus_rows),
                  CHUNKS_P2=next_pow2(chunks), HAS_K=flags["HAS_K"], HAS_P=flags["HAS_P"],
-                 HAS_MIN_P=flags["HAS_MIN_P"], **common), early=early)
+                 HAS_MIN_P=flags["HAS_MIN_P"], **common), early=early, done=done)
     return dict(ptrs=ptrs, flags=flags, block=block, chunk=chunk, chunks=chunks, has_filters=has_filters,
                 stats=(part_max, part_arg, part_sum, tau, part_kept),
-                early=has_filters and early is not None and flags["HAS_P"])
+                early=has_filters and early is not None and flags["HAS_P"], done=done)
+
+
+def _launch_early_bonus(target, lengths, ptrs, flags, partials, early, bonus, max_draft, num_draft_rows, packed,
+                        chunks, chunk):
+    """Top-p's early bonus token (chain rows with top-p on, no logprobs, no synthetic rates, bonus rows given):
+    chain_bonus_race_kernel races every entry of the bonus row of each request whose drafts top-p's early
+    acceptance takes (grid B x races, as the walk's race), then chain_bonus_verdict_kernel (grid B x chunks) writes
+    the outputs of those whose winner top-p surely keeps. Returns done (int8 [B]): the requests decided here,
+    which the filters and the walk then skip. `bonus`: the walk's outputs (token_ids, num_accepted) and sizes."""
+    from .triton_kernels.logits import chain_bonus_race_kernel, chain_bonus_verdict_kernel
+
+    batch, group, block = bonus["batch"], bonus["race_group"], bonus["block"]
+    races = -(-chunks // group)
+    new = target.new_empty
+    bonus_w = new((batch,), dtype=torch.int64)
+    done = new((batch,), dtype=torch.int8)
+    tickets = torch.zeros((2, batch), dtype=torch.int32, device=target.device)
+    consts = dict(vocab=target.shape[-1], max_draft=max_draft, num_draft_rows=num_draft_rows, bonus_rows=1,
+                  PACKED=packed, HAS_T=flags["HAS_T"], CHUNKS=chunks, CHUNKS_P2=next_pow2(chunks), CHUNK=chunk,
+                  BLOCK=block)
+    chain_bonus_race_kernel[(batch, races)](
+        target, early["draft_probs"], early["draft_ids"], lengths, early["seeds"], early["offsets"], *ptrs,
+        *partials, new((batch, races), dtype=torch.float32), new((batch, races), dtype=torch.int64), tickets[0],
+        bonus_w, **consts, HAS_K=flags["HAS_K"], HAS_MIN_P=flags["HAS_MIN_P"],
+        HAS_DRAFT_PROBS=early["has_draft_probs"], RACE_GROUP=group)
+    chain_bonus_verdict_kernel[(batch, chunks)](
+        target, early["draft_ids"], lengths, ptrs[0], ptrs[2], *partials, bonus_w,
+        new((batch, chunks), dtype=torch.float32), tickets[1], done, bonus["token_ids"], bonus["num_accepted"],
+        **consts, BLOCK_K=next_pow2(max_draft + 1))
+    if bonus.get("stats") is not None:
+        bonus["stats"].update(bonus_w=bonus_w, done=done)
+    return done
 
 
 _RACE_PROGRAMS_PER_SM = 6  # chain_walk_race_kernel's programs resident per SM (80 registers, 4 warps)
@@ -664,10 +705,11 @@ def chain_race_group(batch: int, chunks: int, sms: int) -> int:
 
 def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
                   batch, max_draft, packed, bonus_rows, bonus_token_ids, rates, chunk=None, block=None,
-                  radix_block=None, race_group=None):
+                  radix_block=None, race_group=None, early_bonus_token=True, stats=None):
     """The Triton chain kernels, every row split over chunks of `chunk` entries (tiles of `block`; the radix
     histograms' of `radix_block`): _split_rows, then chain_walk_race_kernel (its race over `race_group` chunks a
-    program: chain_race_group on a GPU, 1 off it, by default)."""
+    program: chain_race_group on a GPU, 1 off it, by default). `early_bonus_token` (where it applies:
+    _split_rows): top-p's early bonus token; `stats`, a dict, receives its workspaces (tests)."""
     from .triton_kernels.logits import chain_walk_race_kernel
 
     token_ids = target_logits.new_empty((batch, max_draft + 1), dtype=torch.int64)
@@ -685,11 +727,16 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     # top-p's early acceptance: not with logprobs (they need every row's kept mass) nor synthetic rates
     early = None if return_logprobs or rates is not None else dict(
         draft_probs=q, draft_ids=ids, seeds=seeds, offsets=offsets, has_draft_probs=draft_probs is not None)
-    split = _split_rows(target, lengths, params, batch * (max_draft + 1), max_draft, ids.numel(), bonus_rows, packed,
-                        bonus_token_ids is not None, False, chunk, block, radix_block, early=early)
-    chunks = split["chunks"]
+    block = block or _block(vocab)
+    chunks = -(-vocab // (chunk or max(block, min(SPLIT_CHUNK, next_pow2(vocab)))))  # (_split_rows' chunks)
     group = race_group or (chain_race_group(batch, chunks, num_sms(target.device)) if target.device.type == "cuda"
                            else 1)
+    early_bonus = dict(batch=batch, race_group=group, block=block, token_ids=token_ids, num_accepted=num_accepted,
+                       stats=stats) if early_bonus_token else None
+    split = _split_rows(target, lengths, params, batch * (max_draft + 1), max_draft, ids.numel(), bonus_rows, packed,
+                        bonus_token_ids is not None, False, chunk, block, radix_block, early=early,
+                        early_bonus=early_bonus)
+    assert split["chunks"] == chunks
     races = -(-chunks // group)
     race_score = target.new_empty((batch, races), dtype=torch.float32)
     race_index = target.new_empty((batch, races), dtype=torch.int64)
@@ -697,11 +744,13 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     chain_walk_race_kernel[(batch, races)](
         target, q, ids, lengths, seeds, offsets, split["ptrs"][0], *split["stats"], race_score, race_index, tickets,
         token_ids, num_accepted, logprobs if return_logprobs else target, bonus,
-        target if rates is None else rates.contiguous(), vocab, max_draft, ids.numel(), int(bonus_rows),
+        target if rates is None else rates.contiguous(), tickets if split["done"] is None else split["done"], vocab,
+        max_draft, ids.numel(), int(bonus_rows),
         PACKED=packed, HAS_T=split["flags"]["HAS_T"], HAS_BONUS=bonus_token_ids is not None,
         HAS_DRAFT_PROBS=draft_probs is not None, HAS_RATES=rates is not None, LOGPROBS=bool(return_logprobs),
         HAS_FILTERS=split["has_filters"], EARLY=split["early"], CHUNKS=chunks, CHUNKS_P2=next_pow2(chunks), CHUNK=split["chunk"],
-        BLOCK_K=next_pow2(max_draft + 1), BLOCK=split["block"], RACE_GROUP=group)
+        BLOCK_K=next_pow2(max_draft + 1), BLOCK=split["block"], RACE_GROUP=group,
+        EARLY_BONUS=split["done"] is not None)
     return token_ids, num_accepted, logprobs
 
 

@@ -4,7 +4,8 @@ test_logits.py::test_triton_kernels_compile_for_sm90_without_a_gpu in a subproce
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specdec_ops.triton_kernels.logits import (chain_kept_mass_kernel, chain_radix_pass_kernel,
+from specdec_ops.triton_kernels.logits import (chain_bonus_race_kernel, chain_bonus_verdict_kernel,
+                                              chain_kept_mass_kernel, chain_radix_pass_kernel,
                                               chain_row_partials_kernel, chain_walk_race_kernel,
                                               process_logits_kernel, tree_rejection_sample_logits_kernel)
 
@@ -44,7 +45,7 @@ split = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", draft_ids_ptr="*i64", 
              max_draft="i32", num_draft_rows="i32", bonus_rows="i32", tau_ptr="*i64", part_kept_ptr="*fp32",
              top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32", hist_ptr="*fp32",
              prefix_ptr="*i64", acc_ptr="*fp32", goal_ptr="*fp32", floor_ptr="*i64", step="i32", passed="i32",
-             early_ptr="*i8")
+             early_ptr="*i8", done_ptr="*i8", bonus_w_ptr="*i64", part_above_ptr="*fp32")
 compile_all(chain_row_partials_kernel, split,
             [dict(PACKED=packed, HAS_T=has_t, HAS_BONUS=False, TREE=tree, CHUNKS=16, CHUNK=8192, PART_BLOCK=4096,
                   vocab=128256)
@@ -52,8 +53,20 @@ compile_all(chain_row_partials_kernel, split,
 compile_all(chain_walk_race_kernel, split,
             [dict(PACKED=False, HAS_DRAFT_PROBS=True, HAS_T=True, LOGPROBS=not early, HAS_BONUS=False,
                   HAS_RATES=False, HAS_FILTERS=filters, EARLY=early, CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, BLOCK_K=8,
-                  BLOCK=1024, vocab=128256, RACE_GROUP=group)
-             for filters, early, group in ((False, False, 2), (True, False, 1), (True, True, 2))])
+                  BLOCK=1024, vocab=128256, RACE_GROUP=group, EARLY_BONUS=False)
+             for filters, early, group in ((False, False, 2), (True, False, 1), (True, True, 2))]
+            + [dict(PACKED=False, HAS_DRAFT_PROBS=True, HAS_T=True, LOGPROBS=False, HAS_BONUS=False, HAS_RATES=False,
+                    HAS_FILTERS=True, EARLY=True, CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, BLOCK_K=8, BLOCK=1024,
+                    vocab=128256, RACE_GROUP=2, EARLY_BONUS=True)])
+# top-p's early bonus token (the race over the bonus row, then the verdict), as launched: 4 warps, no spills
+for has_q in (False, True):
+    check(compile_kernel(chain_bonus_race_kernel, split,
+                         dict(PACKED=False, HAS_T=True, HAS_K=True, HAS_MIN_P=True, HAS_DRAFT_PROBS=has_q, CHUNKS=16,
+                              CHUNKS_P2=16, CHUNK=8192, BLOCK=1024, RACE_GROUP=2, vocab=128256), num_warps=4),
+          f"chain_bonus_race_kernel draft_probs={has_q}")
+check(compile_kernel(chain_bonus_verdict_kernel, split,
+                     dict(PACKED=False, HAS_T=True, CHUNKS=16, CHUNKS_P2=16, CHUNK=8192, BLOCK=1024, BLOCK_K=8,
+                          vocab=128256), num_warps=4), "chain_bonus_verdict_kernel")
 # with filters: the radix passes (both selects) and the kept mass, 4 warps as launched, no spills; bf16 logits
 # (4 passes a select) and float32 (8); top-p's early acceptance (EARLY, chain rows without logprobs) with and
 # without draft probabilities
@@ -65,9 +78,10 @@ for logits, passes in (("*bf16", 4), ("*fp32", 8)):
                                   (True, True, True)):
         check(compile_kernel(chain_radix_pass_kernel, types,
                              dict(filtered, BY_MASS=by_mass, PASSES=passes, BLOCK=512, EARLY=early,
-                                  HAS_DRAFT_PROBS=has_q), num_warps=4),
+                                  HAS_DRAFT_PROBS=has_q, EARLY_BONUS=early), num_warps=4),
               f"chain_radix_pass_kernel {logits} BY_MASS={by_mass} EARLY={early} HAS_DRAFT_PROBS={has_q}")
     for early in (False, True):
-        check(compile_kernel(chain_kept_mass_kernel, types, dict(filtered, PASSES=passes, BLOCK=1024, EARLY=early),
+        check(compile_kernel(chain_kept_mass_kernel, types, dict(filtered, PASSES=passes, BLOCK=1024, EARLY=early,
+                                                                 EARLY_BONUS=early),
                              num_warps=4), f"chain_kept_mass_kernel {logits} EARLY={early}")
 print("compiled")

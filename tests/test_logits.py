@@ -1804,6 +1804,87 @@ def test_triton_top_p_early_acceptance_is_the_full_paths(draft_probs, monkeypatc
         assert torch.equal(packed.token_ids, cpu.token_ids)
 
 
+def top_p_bonus_batch(vocab, dtype, draft_probs, batch=16, seed=0):
+    """Chains every draft of which holds nearly all its row's mass (e^6 to e^10 times the rest: top-p's early
+    acceptance takes them), so that the bonus row emits; bonus rows of N(0, 4) logits under top-p from 0.3 to
+    0.99 (its race winner kept or dropped). Request 3 has top-k on, request 5 min-p, request 6 is greedy and
+    request 7 drafts a token of almost no mass (rejected): none of them takes the early bonus token."""
+    g = torch.Generator().manual_seed(seed)
+    k = 3
+    logits = torch.randn(batch, k + 1, vocab, generator=g) * 2
+    ids = torch.randint(0, vocab, (batch, k), generator=g)
+    t = torch.tensor([1.0, 0.7]).repeat(batch // 2)
+    rows, cols = torch.arange(batch)[:, None].expand(batch, k), torch.arange(k)[None].expand(batch, k)
+    logits[rows, cols, ids] = -float("inf")
+    lse = torch.logsumexp(logits[:, :k] / t[:, None, None], -1)
+    logits[rows, cols, ids] = t[:, None] * (lse + 6 + torch.rand(batch, k, generator=g) * 4)
+    logits[7, 1, ids[7, 1]] = -30.0
+    q = None
+    if draft_probs:
+        q = torch.softmax(torch.randn(batch, k, vocab, generator=g), -1)
+        q[rows, cols, ids] = 0.5
+    t[6] = 0.0
+    top_k = torch.zeros(batch, dtype=torch.int64)
+    top_k[3] = 40
+    min_p = torch.zeros(batch)
+    min_p[5] = 0.01
+    return dict(target_logits=logits.to(dtype), draft_token_ids=ids, num_draft_tokens=torch.full((batch,), k),
+                draft_probs=None if q is None else q.to(dtype), temperature=t, top_k=top_k,
+                top_p=torch.tensor([0.9, 0.5, 0.99, 0.8, 0.3, 0.95, 0.7, 0.6]).repeat(batch // 8), min_p=min_p,
+                seeds=torch.arange(batch) * 7 + 3 + seed, offsets=torch.arange(batch) * 11)
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+@pytest.mark.parametrize("draft_probs,dtype", [(False, torch.float32), (True, torch.bfloat16)],
+                         ids=["one_hot-fp32", "draft_probs-bf16"])
+def test_triton_top_p_early_bonus_token_is_the_full_paths(draft_probs, dtype, monkeypatch):
+    """Top-p's early bonus token (specdec_ops/logits.py _launch_early_bonus: the bonus row's race over every entry,
+    kept where top-p surely keeps its winner) against the same kernels without it and the C++ op: the same
+    tokens bit for bit, padded and packed, over seeds where top-p keeps and drops the winner. The requests it
+    decides skip the select (their bonus rows get no threshold); those with top-k or min-p on, greedy, or with
+    a draft the early acceptance does not take, never take it."""
+    import specdec_ops.logits as logits_module
+    from specdec_ops.logits import _launch_chain
+
+    taus = []
+    launch = logits_module._launch_filters
+
+    def recording(*a, **k):
+        tau, kept = launch(*a, **k)
+        taus.append(tau.clone())
+        return tau, kept
+
+    monkeypatch.setattr(logits_module, "_launch_filters", recording)
+    decided = 0
+    for seed in range(3):
+        args = top_p_bonus_batch(1000, dtype, draft_probs, seed=seed)
+        params = tuple(args[n] for n in PARAMS)
+        batch, k = args["draft_token_ids"].shape
+        stats, outs = {}, []
+        for early_bonus in (True, False):
+            taus.clear()
+            outs.append(_launch_chain(args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"],
+                                      args["draft_probs"], params, args["seeds"], args["offsets"], False, batch, k,
+                                      packed=False, bonus_rows=True, bonus_token_ids=None, rates=None, chunk=256,
+                                      block=64, radix_block=64, early_bonus_token=early_bonus,
+                                      stats=stats if early_bonus else None))
+            if early_bonus:
+                bonus_tau = taus[0].view(batch, k + 1)[:, k]
+        done = stats["done"].bool()
+        assert not done[[3, 5, 6, 7]].any() and (stats["bonus_w"][[3, 5, 6, 7]] == -1).all()
+        sampled_top_p = torch.ones(batch, dtype=torch.bool)
+        sampled_top_p[[3, 5, 6, 7]] = False
+        assert (bonus_tau[done] == 0).all() and (bonus_tau[sampled_top_p & ~done] > 0).all()
+        decided += int(done.sum())
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), seed
+        cpu = call(args, "cpu", return_logprobs=False)
+        assert torch.equal(outs[0][0], cpu.token_ids) and torch.equal(outs[0][1], cpu.num_accepted), seed
+        packed = call_packed(to_packed(args), "triton", k=k, return_logprobs=False)
+        assert torch.equal(packed.token_ids, cpu.token_ids)
+    # both paths ran: 12 eligible requests a seed, a few of whose winners top-p drops
+    assert 12 <= decided <= 33, decided
+
+
 @pytest.mark.skipif("tree_rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
 @pytest.mark.parametrize("draft_probs", [True, pytest.param(False, marks=pytest.mark.slow)],
                          ids=["draft_probs", "one_hot"])

@@ -197,13 +197,20 @@ def test_logits_cases_count_every_pass_over_the_rows():
     while kernel is not None:
         chain.append(kernel)
         kernel = kernel.then
-    assert [k.source.split(":")[1] for k in chain] == ["chain_row_partials_kernel", "chain_radix_pass_kernel",
+    # Triton: top-p's early bonus token first (the bonus rows' race over every entry, the verdict's pass), then
+    # the select, the kept mass and the race of the requests whose winner top-p drops
+    assert [k.source.split(":")[1] for k in chain] == ["chain_row_partials_kernel", "chain_bonus_race_kernel",
+                                                        "chain_bonus_verdict_kernel", "chain_radix_pass_kernel",
                                                         "chain_kept_mass_kernel", "chain_walk_race_kernel"]
-    assert [(k.passes, k.launches) for k in chain] == [(1, 1), (4, 4), (1, 1), (1, 1)]
-    assert chain[1].bytes_moved >= 4 * 64 * row and chain[2].bytes_moved >= 64 * row
-    assert chain[1].items == chain[2].items == 64 and chain[1].triton["constexprs"]["EARLY"]
+    assert [(k.passes, k.launches) for k in chain] == [(1, 1), (1, 1), (1, 1), (4, 4), (1, 1), (1, 1)]
+    fallback = math.ceil(64 * roofline.TRITON_BONUS_FALLBACK)
+    assert fallback == 7 and chain[1].items == chain[2].items == 64
+    assert chain[1].bytes_moved >= 64 * row and chain[2].bytes_moved >= 64 * row
+    assert chain[3].bytes_moved >= 4 * fallback * row and chain[4].bytes_moved >= fallback * row
+    assert chain[3].items == chain[4].items == chain[5].items == fallback
+    assert all(k.triton["constexprs"]["EARLY"] and k.triton["constexprs"]["EARLY_BONUS"] for k in chain)
     from specdec_ops.logits import _radix_passes
-    assert chain[1].triton["constexprs"]["PASSES"] == chain[2].triton["constexprs"]["PASSES"] == \
+    assert chain[3].triton["constexprs"]["PASSES"] == chain[4].triton["constexprs"]["PASSES"] == \
         _radix_passes(torch.bfloat16) == 4
 
 
@@ -222,13 +229,15 @@ def test_roofline_rows_for_the_logits_kernels():
     split = rows.pop("logits_triton_onehot")  # two kernels: the fused max + exp-sum, then the race
     assert [p["loop"] for p in split["phases"]] == ["expsum"] and split["then"]["loop_instructions"] > 0
     assert split["predicted_us"] > split["then"]["predicted_us"] > 0 and 0 < split["pct_peak"] <= 100
-    # with top-p four kernels: the partials, the radix passes (4 launches), the kept mass, the race
+    # with top-p six kernels: the partials, the early bonus token's race and verdict, the radix passes (4
+    # launches), the kept mass, the race
     filtered = rows.pop("logits_triton_onehot_topp")
     later = filtered["then_more"] + [filtered["then"]]
-    assert [p["loop"] for p in filtered["phases"]] == ["expsum"] and len(later) == 3
+    assert [p["loop"] for p in filtered["phases"]] == ["expsum"] and len(later) == 5
     assert all(k["loop_instructions"] > 0 and k["spills"] == 0 for k in later)
     assert filtered["predicted_us"] > sum(k["predicted_us"] for k in later) > 0
-    assert later[0]["predicted_us"] >= 4 * roofline.LAUNCH_S * 1e6  # one launch per radix pass
+    assert later[2]["predicted_us"] >= 4 * roofline.LAUNCH_S * 1e6  # one launch per radix pass
+    assert later[0]["grid"] == filtered["then"]["grid"] * 64 // 7  # every request races; 7 fall back
     for name, row in rows.items():
         loops = [p["loop"] for p in row["phases"]]
         assert all(p["instructions"] > 0 and p["trips"] > 0 for p in row["phases"]), name

@@ -889,6 +889,155 @@ def chain_row_accepts_early(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_
     return ok & top_p_accepts_early(x_logit, u, q_x, m, t, top_p, total, vocab)
 
 
+@triton.jit
+def top_p_keeps_above(above, total, top_p, vocab):
+    """Whether top-p's select (chain_radix_pass_kernel, chain_kept_mass_kernel) keeps an entry w whatever its
+    rounding, from `above`, a float32 sum of e = exp(z) over the entries with logit >= w's (w's own and its ties
+    included: an upper bound on the mass strictly above w), and `total`, the row's sum of e over every entry
+    from its chunk partials (combined_row). The select keeps w unless its computed mass of the entries above
+    w's key reaches its target top_p (1 - slack) (its computed total). With top_p_accepts_early's bound on any
+    computed mass of a set of entries (within delta = (eps / 2) R + V 2.2e-9 of the exact mass, R the exact
+    sum of e over the row, R <= R_up), the select's mass above w is at most above + 2 delta and its target at
+    least top_p (1 - slack) (total - 2 delta): it keeps w when the first is below the second (safety factors
+    1 +- 1e-4 over the few roundings here). Unsure (False) within about 2e-3 of the row's mass of the target."""
+    vf = tl.full([], vocab, tl.float32)
+    vu = vf * 5.9604644775390625e-08  # V 2^-24
+    eps = 4.0 * vu / (1.0 - vu) + 0.0009765625
+    r_up = (total + vf * 2.2e-9) * (1.0 + eps)
+    delta = (0.5 * eps * r_up + vf * 2.2e-9) * 1.0001
+    target_low = top_p * (1.0 - TOP_P_SLACK) * (total - 2.0 * delta) * 0.9999
+    return (vu < 0.25) & (total > 0) & ((above + 2.0 * delta) * 1.0001 < target_low)
+
+
+@triton.jit
+def bonus_race_eligible(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr,
+                        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_max_ptr, part_arg_ptr, part_sum_ptr,
+                        b, vocab, max_draft, num_draft_rows, bonus_rows, PACKED: tl.constexpr,
+                        HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_MIN_P: tl.constexpr,
+                        HAS_DRAFT_PROBS: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """Whether request b takes top-p's early bonus token (chain_bonus_race_kernel): sampled, top-p its only
+    filter, its bonus row without +inf logits, and every draft taken by top-p's early acceptance
+    (chain_row_accepts_early, as chain_radix_pass_kernel decides it), so that its bonus row emits."""
+    n, _, _ = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
+    t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
+                                             HAS_K, True, HAS_MIN_P)
+    m = row_max_of_chunks(part_max_ptr, b * (max_draft + 1) + n, CHUNKS, CHUNKS_P2)
+    ok = (t > 0) & (top_p < 1.0) & (top_k == 0) & (min_p == 0.0) & (m > float("-inf")) & (m < F32_MAX)
+    k = tl.zeros([], tl.int64)
+    while ok & (k < n):
+        ok = chain_row_accepts_early(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr,
+                                     part_max_ptr, part_arg_ptr, part_sum_ptr, b * (max_draft + 1) + k, b, t,
+                                     top_k, top_p, min_p, vocab, max_draft, num_draft_rows, bonus_rows, PACKED,
+                                     HAS_DRAFT_PROBS, CHUNKS, CHUNKS_P2)
+        k += 1
+    return ok
+
+
+@triton.jit(do_not_specialize=["num_draft_rows"])
+def chain_bonus_race_kernel(
+    logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr, temperature_ptr, top_k_ptr,
+    top_p_ptr, min_p_ptr, part_max_ptr, part_arg_ptr, part_sum_ptr,
+    race_score_ptr,      # float32 workspace [B, RACES]
+    race_index_ptr,      # int64 workspace [B, RACES]
+    tickets_ptr,         # int32 [B], zero before the launch
+    bonus_w_ptr,         # int64 out [B]: the race's winner over every entry of the bonus row, -1: not eligible
+    vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
+    PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_MIN_P: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr, RACE_GROUP: tl.constexpr,
+):
+    """Top-p's early bonus token, its race (csrc/logits/logits_kernels.cu's split kernel does the same in one
+    launch): for a request whose bonus row emits (bonus_race_eligible), the bonus row's race over every entry,
+    p = e / (the sum over every entry), no select (split_race with tau = 0), RACE_GROUP chunks a program (grid
+    B x RACES, as chain_walk_race_kernel); the request's last program writes the winner w. Kept by top-p (the
+    verdict, chain_bonus_verdict_kernel), w wins the race over the kept entries too: the same random numbers,
+    every kept entry's score scaled alike (floating-point near-ties aside, as between backends)."""
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64)
+    eligible = bonus_race_eligible(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr,
+                                   temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_max_ptr, part_arg_ptr,
+                                   part_sum_ptr, b, vocab, max_draft, num_draft_rows, bonus_rows, PACKED, HAS_T,
+                                   HAS_K, HAS_MIN_P, HAS_DRAFT_PROBS, CHUNKS, CHUNKS_P2)
+    if eligible:
+        n, target_base, _ = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
+        t = tl.full([], 1.0, tl.float32)
+        if HAS_T:
+            t = tl.minimum(tl.load(temperature_ptr + b), F32_MAX)
+        m, _, total = combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, b * (max_draft + 1) + n, t, CHUNKS,
+                                   CHUNKS_P2)
+        lo = tl.program_id(1) * (CHUNK * RACE_GROUP)  # int32, as the race's indices
+        best, index = split_race(logits_ptr + (target_base + n) * vocab, draft_probs_ptr, -1, False, vocab, m, t,
+                                 tl.zeros([], tl.int64), total, tl.load(seeds_ptr + b), tl.load(offsets_ptr + b), n,
+                                 PURPOSE_BONUS, lo, CHUNK * RACE_GROUP, HAS_T, False, BLOCK)
+        races = (CHUNKS + RACE_GROUP - 1) // RACE_GROUP
+        tl.store(race_score_ptr + b * races + c, best)
+        tl.store(race_index_ptr + b * races + c, index.to(tl.int64))
+        tl.debug_barrier()  # every thread's stores before the ticket
+        ticket = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
+        if ticket == races - 1:
+            cs = tl.arange(0, CHUNKS_P2)
+            valid = cs < races
+            scores = tl.load(race_score_ptr + b * races + cs, mask=valid, other=-2.0, volatile=True)
+            indices = tl.load(race_index_ptr + b * races + cs, mask=valid, other=0, volatile=True)
+            top = tl.max(scores, 0)
+            final = tl.min(tl.where(valid & (scores == top), indices, 0x7FFFFFFFFFFFFFFF), 0)
+            tl.store(bonus_w_ptr + b, tl.where(top > 0, final, -1))  # (a row without mass: the full path)
+    elif c == 0:
+        tl.store(bonus_w_ptr + b, -1)
+
+
+@triton.jit(do_not_specialize=["num_draft_rows"])
+def chain_bonus_verdict_kernel(
+    logits_ptr, draft_ids_ptr, lengths_ptr, temperature_ptr, top_p_ptr, part_max_ptr, part_arg_ptr, part_sum_ptr,
+    bonus_w_ptr,         # int64 [B] chain_bonus_race_kernel's winners (-1: none)
+    part_above_ptr,      # float32 workspace [B, CHUNKS]
+    tickets_ptr,         # int32 [B], zero before the launch
+    done_ptr,            # int8 out [B]: 1 where the request's outputs are written here (w kept by top-p)
+    token_ids_ptr, num_accepted_ptr,
+    vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
+    PACKED: tl.constexpr, HAS_T: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Top-p's verdict on the early bonus token w (grid B x CHUNKS): each program sums e over its chunk's entries
+    with logit >= w's, the request's last one adds the chunks in order and, where top-p surely keeps w
+    (top_p_keeps_above), writes the request's outputs (its n drafts, accepted early, then w) and done = 1; the
+    filters and the walk then skip the request. Else done = 0: the select decides as before."""
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    w = tl.load(bonus_w_ptr + b)
+    if w >= 0:
+        n, target_base, draft_base = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
+        t = tl.full([], 1.0, tl.float32)
+        if HAS_T:
+            t = tl.minimum(tl.load(temperature_ptr + b), F32_MAX)
+        row_ptr = logits_ptr + (target_base + n) * vocab
+        m = row_max_of_chunks(part_max_ptr, b * (max_draft + 1) + n, CHUNKS, CHUNKS_P2)
+        x_w = logit_value(tl.load(row_ptr + w).to(tl.float32))
+        above = tl.full([], 0.0, tl.float32)
+        for start in range(0, CHUNK, BLOCK):
+            idx = c.to(tl.int64) * CHUNK + start + tl.arange(0, BLOCK)
+            inside = idx < vocab
+            x = load_row(row_ptr, idx, inside)
+            above += tl.sum(tl.where(inside & (x >= x_w), tl.exp(scaled_tile(x, m, t)), 0.0), 0)
+        tl.store(part_above_ptr + b * CHUNKS + c, above)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
+        if ticket == CHUNKS - 1:
+            cs = tl.arange(0, CHUNKS_P2)
+            above = tl.sum(tl.load(part_above_ptr + b * CHUNKS + cs, mask=cs < CHUNKS, other=0.0, volatile=True), 0)
+            _, _, total = combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, b * (max_draft + 1) + n, t, CHUNKS,
+                                       CHUNKS_P2)
+            top_p = tl.load(top_p_ptr + b)
+            keeps = top_p_keeps_above(above, total, tl.where(top_p < 1.0, tl.maximum(top_p, 0.0), 1.0), vocab)
+            if keeps:
+                js = tl.arange(0, BLOCK_K).to(tl.int64)
+                write_chain_outputs(token_ids_ptr, num_accepted_ptr, token_ids_ptr, token_ids_ptr, draft_ids_ptr, b,
+                                    n, n, w, js, js, draft_base, max_draft, vocab, False, False)
+            tl.store(done_ptr + b, keeps.to(tl.int8))
+    elif c == 0:
+        tl.store(done_ptr + b, tl.zeros([], tl.int8))
+
+
 @triton.jit(do_not_specialize=["num_draft_rows", "step", "passed"])
 def chain_radix_pass_kernel(
     logits_ptr, lengths_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
@@ -901,20 +1050,25 @@ def chain_radix_pass_kernel(
     early_ptr,           # int8 [rows] (EARLY) 1: top-p's early acceptance took the row's draft (top-p's pass 0)
     part_arg_ptr, part_sum_ptr,  # (EARLY) chain_row_partials_kernel's, for the row's total
     draft_probs_ptr, draft_ids_ptr, seeds_ptr, offsets_ptr,  # (EARLY) the acceptance test's
+    done_ptr,            # int8 [B] (EARLY_BONUS) 1: chain_bonus_verdict_kernel wrote the request's outputs
     step, passed,        # this launch's pass in the call (its slot: step % 2) and in its select (from 0)
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
     HAS_BONUS: tl.constexpr, TREE: tl.constexpr, BY_MASS: tl.constexpr, PASSES: tl.constexpr,
     EARLY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    EARLY_BONUS: tl.constexpr = False,
 ):
     """One pass of the split radix select (BY_MASS: top-p's, else top-k's) over one chunk of one row. EARLY (chain
     rows, no logprobs, no synthetic rates): top-p's first pass decides top-p's early acceptance of the row's
-    draft (chain_row_accepts_early; chunk 0 stores it), and a row it takes runs no pass of top-p's select."""
+    draft (chain_row_accepts_early; chunk 0 stores it), and a row it takes runs no pass of top-p's select.
+    EARLY_BONUS: the rows of a request top-p's early bonus token decided (done) run none."""
     j = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     rows = tl.num_programs(0).to(tl.int64)
     b, used, target_row = split_row(lengths_ptr, j, max_draft, num_draft_rows, bonus_rows, PACKED, HAS_BONUS, TREE)
+    if EARLY_BONUS:
+        used = used & (tl.load(done_ptr + b) == 0)
     t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
                                              HAS_K, HAS_P, HAS_MIN_P)
     m = row_max_of_chunks(part_max_ptr, j, CHUNKS, CHUNKS_P2)
@@ -978,18 +1132,22 @@ def chain_kept_mass_kernel(
     tau_ptr,             # int64 out [rows] the kept-key threshold (0: every entry kept; -1: accepted early)
     part_kept_ptr,       # float32 out [rows, CHUNKS] the chunks' kept masses (where tau > 0)
     early_ptr,           # int8 [rows] (EARLY) chain_radix_pass_kernel's early acceptances (rows with top-p on)
+    done_ptr,            # int8 [B] (EARLY_BONUS) 1: chain_bonus_verdict_kernel wrote the request's outputs
     step,                # the number of radix passes run before (the last one's slot: (step - 1) % 2)
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
     HAS_BONUS: tl.constexpr, TREE: tl.constexpr, PASSES: tl.constexpr, EARLY: tl.constexpr, CHUNKS: tl.constexpr,
-    CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, EARLY_BONUS: tl.constexpr = False,
 ):
     """A row's threshold (row_stats: top-k's, raised by top-p's and by min-p's) and its chunk's kept mass. A row
-    whose draft top-p's early acceptance took (EARLY) gets tau = -1 and no kept mass: the walk accepts it."""
+    whose draft top-p's early acceptance took (EARLY) gets tau = -1 and no kept mass: the walk accepts it.
+    EARLY_BONUS: a request top-p's early bonus token decided (done) is not read (the walk skips it)."""
     j = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     rows = tl.num_programs(0).to(tl.int64)
     b, used, target_row = split_row(lengths_ptr, j, max_draft, num_draft_rows, bonus_rows, PACKED, HAS_BONUS, TREE)
+    if EARLY_BONUS:
+        used = used & (tl.load(done_ptr + b) == 0)
     t, top_k, top_p, min_p = sanitize_params(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, b, vocab, HAS_T,
                                              HAS_K, HAS_P, HAS_MIN_P)
     m = row_max_of_chunks(part_max_ptr, j, CHUNKS, CHUNKS_P2)
@@ -1040,11 +1198,12 @@ def chain_walk_race_kernel(
     race_index_ptr,      # int64 workspace [B, RACES]
     tickets_ptr,         # int32 [B], zero before the launch
     token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, rates_ptr,
+    done_ptr,            # int8 [B] (EARLY_BONUS) 1: chain_bonus_verdict_kernel wrote the request's outputs
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, LOGPROBS: tl.constexpr,
     HAS_BONUS: tl.constexpr, HAS_RATES: tl.constexpr, HAS_FILTERS: tl.constexpr, EARLY: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK: tl.constexpr, RACE_GROUP: tl.constexpr = 1,
+    BLOCK: tl.constexpr, RACE_GROUP: tl.constexpr = 1, EARLY_BONUS: tl.constexpr = False,
 ):
     """The walk of a request's rows (csrc/logits/logits_cpu.cpp chain_request, with the engine keywords of issue
     #14: HAS_BONUS emits bonus_ptr[b], clamped into [0, V), after a fully accepted chain without reading a bonus
@@ -1054,9 +1213,13 @@ def chain_walk_race_kernel(
     program to finish writes the outputs.
     HAS_FILTERS: a row with a threshold (tau > 0) keeps {key >= tau} and its total is the sum of the chunks'
     kept masses; EARLY: a row with tau = -1 is a draft row whose draft top-p's early acceptance took
-    (chain_radix_pass_kernel): accepted."""
+    (chain_radix_pass_kernel): accepted. EARLY_BONUS: a request top-p's early bonus token decided (done) is
+    skipped (its outputs are written)."""
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1).to(tl.int64)
+    if EARLY_BONUS:
+        if tl.load(done_ptr + b) != 0:
+            return
     n, target_base, draft_base = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
     seed = tl.load(seeds_ptr + b)
     offset = tl.load(offsets_ptr + b)
