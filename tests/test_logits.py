@@ -1769,18 +1769,9 @@ def test_triton_top_p_early_acceptance_is_the_full_paths(draft_probs, monkeypatc
     """Without logprobs the split Triton kernels take top-p's early acceptance (chain_row_accepts_early: the row's
     select skipped, tau = -1 for the walk); with logprobs every row runs its select. Same tokens bit for bit, the
     C++ op's, padded (and packed), rows of 5 chunks; and the early path ran on a good share of the draft rows."""
-    import specdec_ops.logits as logits_module
     from specdec_ops.logits import _launch_chain
 
-    taus = []
-    launch = logits_module._launch_filters
-
-    def recording(*a, **k):
-        tau, kept = launch(*a, **k)
-        taus.append(tau.clone())
-        return tau, kept
-
-    monkeypatch.setattr(logits_module, "_launch_filters", recording)
+    taus = recorded_thresholds(monkeypatch)
     args = top_p_early_batch(1025, torch.bfloat16, draft_probs, batch=8)
     params = tuple(args[n] for n in PARAMS)
     batch, k = args["draft_token_ids"].shape
@@ -1802,6 +1793,22 @@ def test_triton_top_p_early_acceptance_is_the_full_paths(draft_probs, monkeypatc
     if draft_probs:
         packed = call_packed(to_packed(args), "triton", k=k, return_logprobs=False)
         assert torch.equal(packed.token_ids, cpu.token_ids)
+
+
+def recorded_thresholds(monkeypatch):
+    """A list that receives every Triton chain call's thresholds (tau [rows], from _launch_filters)."""
+    import specdec_ops.logits as logits_module
+
+    taus = []
+    launch = logits_module._launch_filters
+
+    def recording(*a, **k):
+        tau, kept = launch(*a, **k)
+        taus.append(tau.clone())
+        return tau, kept
+
+    monkeypatch.setattr(logits_module, "_launch_filters", recording)
+    return taus
 
 
 def top_p_bonus_batch(vocab, dtype, draft_probs, batch=16, seed=0):
@@ -1843,18 +1850,9 @@ def test_triton_top_p_early_bonus_token_is_the_full_paths(draft_probs, dtype, mo
     tokens bit for bit, padded and packed, over seeds where top-p keeps and drops the winner. The requests it
     decides skip the select (their bonus rows get no threshold); those with top-k or min-p on, greedy, or with
     a draft the early acceptance does not take, never take it."""
-    import specdec_ops.logits as logits_module
     from specdec_ops.logits import _launch_chain
 
-    taus = []
-    launch = logits_module._launch_filters
-
-    def recording(*a, **k):
-        tau, kept = launch(*a, **k)
-        taus.append(tau.clone())
-        return tau, kept
-
-    monkeypatch.setattr(logits_module, "_launch_filters", recording)
+    taus = recorded_thresholds(monkeypatch)
     decided = 0
     for seed in range(3):
         args = top_p_bonus_batch(1000, dtype, draft_probs, seed=seed)

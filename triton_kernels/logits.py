@@ -890,6 +890,18 @@ def chain_row_accepts_early(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_
 
 
 @triton.jit
+def race_programs_winner(race_score_ptr, race_index_ptr, b, races, CHUNKS_P2: tl.constexpr):
+    """(best score, its smallest index) over request b's race programs' winners (written before their tickets:
+    read by the last program, volatile): the race's winner over the whole row."""
+    cs = tl.arange(0, CHUNKS_P2)
+    valid = cs < races
+    scores = tl.load(race_score_ptr + b * races + cs, mask=valid, other=-2.0, volatile=True)
+    indices = tl.load(race_index_ptr + b * races + cs, mask=valid, other=0, volatile=True)
+    top = tl.max(scores, 0)
+    return top, tl.min(tl.where(valid & (scores == top), indices, 0x7FFFFFFFFFFFFFFF), 0)
+
+
+@triton.jit
 def top_p_keeps_above(above, total, top_p, vocab):
     """Whether top-p's select (chain_radix_pass_kernel, chain_kept_mass_kernel) keeps an entry w whatever its
     rounding, from `above`, a float32 sum of e = exp(z) over the entries with logit >= w's (w's own and its ties
@@ -975,12 +987,7 @@ def chain_bonus_race_kernel(
         tl.debug_barrier()  # every thread's stores before the ticket
         ticket = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
         if ticket == races - 1:
-            cs = tl.arange(0, CHUNKS_P2)
-            valid = cs < races
-            scores = tl.load(race_score_ptr + b * races + cs, mask=valid, other=-2.0, volatile=True)
-            indices = tl.load(race_index_ptr + b * races + cs, mask=valid, other=0, volatile=True)
-            top = tl.max(scores, 0)
-            final = tl.min(tl.where(valid & (scores == top), indices, 0x7FFFFFFFFFFFFFFF), 0)
+            top, final = race_programs_winner(race_score_ptr, race_index_ptr, b, races, CHUNKS_P2)
             tl.store(bonus_w_ptr + b, tl.where(top > 0, final, -1))  # (a row without mass: the full path)
     elif c == 0:
         tl.store(bonus_w_ptr + b, -1)
@@ -1298,12 +1305,7 @@ def chain_walk_race_kernel(
         ticket = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
         writer = ticket == races - 1
         if writer:
-            cs = tl.arange(0, CHUNKS_P2)
-            valid = cs < races
-            scores = tl.load(race_score_ptr + b * races + cs, mask=valid, other=-2.0, volatile=True)
-            indices = tl.load(race_index_ptr + b * races + cs, mask=valid, other=0, volatile=True)
-            top = tl.max(scores, 0)
-            final = tl.min(tl.where(valid & (scores == top), indices, 0x7FFFFFFFFFFFFFFF), 0)
+            top, final = race_programs_winner(race_score_ptr, race_index_ptr, b, races, CHUNKS_P2)
             if residual & (top <= 0):  # no residual mass: the race over p, every chunk here
                 _, fallback = split_race(row_ptr, q_row_ptr, x, residual & (top > 0), vocab, m, t, tau, total, seed,
                                          offset, k, purpose, 0, CHUNKS * CHUNK, HAS_T, HAS_DRAFT_PROBS, BLOCK)
