@@ -585,6 +585,7 @@ def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars
 
 
 SPLIT_RADIX_BLOCK = 512  # specdec_ops/logits.py _radix_block (compiled)
+RADIX_SPLIT = 4  # specdec_ops/logits.py RADIX_SPLIT: programs per chunk of a radix pass
 
 
 def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
@@ -592,11 +593,12 @@ def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scal
     pair of _logits_triton_split_case with the thresholds between them. chain_row_partials_kernel; then 4
     launches of chain_radix_pass_kernel (bf16 logits: 16-bit radix keys, 4 bits a pass; grid B x (K+1) x
     chunks), whose first launch takes the draft rows by top-p's early acceptance (chain_row_accepts_early: their
-    programs exit; the scenario's drafts hold nearly all the mass), each reading the bonus row once more and
-    the previous pass's histograms of the row's chunks (CHUNKS x 16 x 8 B per program, L2 in practice, counted
-    as HBM), writing its own (16 x 8 B per program); its loop counted whole, the one-hot histogram included: an
+    programs exit; the scenario's drafts hold nearly all the mass; RADIX_SPLIT programs a chunk), each reading
+    its part of the bonus row once more and the select's state, writing its part's histogram (16 x 4 B), the
+    row's last program (the finisher) reading the row's histograms (L2 in practice, counted as HBM) and
+    picking the pass's digit; its loop counted whole, the one-hot histogram included: an
     upper bound, as only the first passes find a candidate in every tile (later tiles skip it); then
-    chain_kept_mass_kernel (the last pick, the bonus row once more: the kept mass over its chunk; the draft rows
+    chain_kept_mass_kernel (the thresholds, the bonus row once more: the kept mass over its chunk; the draft rows
     read their flag); then the walk and the bonus row's race (chain_walk_race_kernel, HAS_FILTERS, EARLY).
     Before the filters, top-p's early bonus token (EARLY_BONUS): chain_bonus_race_kernel (grid B x races, the
     eligibility from every draft row's partials in every program, the bonus row's race over every entry) and
@@ -611,7 +613,7 @@ def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scal
     types = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32", top_k_ptr="*i64",
                  top_p_ptr="*fp32", min_p_ptr="*fp32", part_max_ptr="*fp32", part_arg_ptr="*i64",
                  part_sum_ptr="*fp32", hist_ptr="*fp32", prefix_ptr="*i64", acc_ptr="*fp32",
-                 goal_ptr="*fp32", floor_ptr="*i64", tau_ptr="*i64", part_kept_ptr="*fp32", race_score_ptr="*fp32",
+                 goal_ptr="*fp32", ktau_ptr="*i64", ptau_ptr="*i64", tau_ptr="*i64", part_kept_ptr="*fp32", race_score_ptr="*fp32",
                  race_index_ptr="*i64", tickets_ptr="*i32", token_ids_ptr="*i64", num_accepted_ptr="*i32",
                  logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32", step="i32", passed="i32",
                  early_ptr="*i8", done_ptr="*i8", bonus_w_ptr="*i64", part_above_ptr="*fp32")
@@ -633,18 +635,19 @@ def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scal
     # The bonus rows run the select and the kept mass: items and grid count their programs; the others' reads
     # are counted as bytes, their launch slots not.
     bonus_programs = fallback * chunks
-    early_reads = programs * (chunks * 16 + 3 * 32 + 2) + 4 * programs * 2
+    parts = chunks * RADIX_SPLIT
+    early_reads = RADIX_SPLIT * (programs * (chunks * 16 + 3 * 32 + 2) + 4 * programs * 2)
     kept = Case(name=f"logits_triton_{tag}_kept", backend="triton", loop="expsum", passes=1,
-                bytes_moved=fallback * row_bytes + bonus_programs * (4 + 2 * 16 * 8 + 8) + programs * 2,
+                bytes_moved=fallback * row_bytes + bonus_programs * (4 + 2 * 8 + 8) + programs * 2,
                 source="triton_kernels.logits:chain_kept_mass_kernel",
                 triton=dict(types=types, constexprs=dict(const, PASSES=4, BLOCK=SPLIT_BLOCK), num_warps=4), then=race,
                 **dict(split, items=fallback, grid=lambda res: (bonus_programs, chunks)))
     radix = Case(name=f"logits_triton_{tag}_radix", backend="triton", loop="scan", passes=4, launches=4,
-                 bytes_moved=4 * (fallback * row_bytes + bonus_programs * (chunks + 1) * 16 * 8) + early_reads,
+                 bytes_moved=4 * (fallback * row_bytes + fallback * parts * (16 * 4 + 32 + 16 * 4)) + early_reads,
                  source="triton_kernels.logits:chain_radix_pass_kernel",
-                 triton=dict(types=types, constexprs=dict(const, BY_MASS=True, PASSES=4, BLOCK=SPLIT_RADIX_BLOCK),
-                             num_warps=4), then=kept, **dict(split, items=fallback,
-                                                             grid=lambda res: (bonus_programs, chunks)))
+                 triton=dict(types=types, constexprs=dict(const, BY_MASS=True, PASSES=4, BLOCK=SPLIT_RADIX_BLOCK,
+                                                          SPLIT=RADIX_SPLIT), num_warps=4),
+                 then=kept, **dict(split, items=fallback, grid=lambda res: (fallback * parts, parts)))
     # every program of the bonus race decides its request's eligibility from the K draft rows' partials, ids,
     # logits and q; the verdict reads the bonus row once more (its mass above the winner)
     eligibility = rows * chunks * 16 + (rows - 1) * 3 * 32

@@ -576,43 +576,60 @@ def _partials_block(chunk):
     return min(chunk & -chunk, 4096)
 
 
+# Programs per chunk of each radix pass (chain_radix_pass_kernel's SPLIT): fixed, as the chunk is, so that the
+# histograms' sums round the same on every device; fewer where the chunk holds fewer radix tiles.
+RADIX_SPLIT = 4
+
+
+def _radix_split(chunk, radix_block):
+    """chain_radix_pass_kernel's parts per chunk: RADIX_SPLIT, or as many whole radix tiles as the chunk holds."""
+    split = RADIX_SPLIT
+    while split > 1 and chunk % (split * radix_block):
+        split //= 2
+    return split
+
+
 def _launch_filters(target, lengths, ptrs, flags, partials, rows, chunks, chunk, block, radix_block, common,
                     early=None, done=None):
     """The thresholds of the split rows (top-k, top-p, min-p): chain_radix_pass_kernel launches per select
-    present (4 over bfloat16 logits, 5 over float16, 8 over float32: _radix_passes), then
-    chain_kept_mass_kernel. `early` (chain rows without logprobs or synthetic rates: the walk's draft_probs, draft
-    ids, seeds and offsets): top-p's early acceptance (triton_kernels/logits.py chain_row_accepts_early) spares
-    the rows whose draft it takes the select; their tau is -1. `done` (int8 [B], top-p's early bonus token:
+    present (4 over bfloat16 logits, 5 over float16, 8 over float32: _radix_passes; grid rows x chunks x
+    _radix_split parts, each pass's pick finished by the row's last program), then chain_kept_mass_kernel.
+    `early` (chain rows without logprobs or synthetic rates: the walk's draft_probs, draft ids, seeds and
+    offsets): top-p's early acceptance (triton_kernels/logits.py chain_row_accepts_early) spares the rows whose
+    draft it takes the select; their tau is -1. `done` (int8 [B], top-p's early bonus token:
     _launch_early_bonus): the requests it decided run no pass. Returns (tau [rows] int64, part_kept [rows,
     chunks] float32)."""
     from .triton_kernels.logits import chain_kept_mass_kernel, chain_radix_pass_kernel
 
     part_max, part_arg, part_sum = partials
     new = target.new_empty
-    hist = new((2, rows, chunks, 16), dtype=torch.float32)
-    prefix = new((2, rows), dtype=torch.int64)
-    acc = new((2, rows), dtype=torch.float32)
+    split = _radix_split(chunk, radix_block)
+    passes = _radix_passes(target.dtype)
+    launches = passes * (int(flags["HAS_K"]) + int(flags["HAS_P"]))
+    hist = new((rows, chunks * split, 16), dtype=torch.float32)
+    prefix = new((rows,), dtype=torch.int64)
+    acc = new((rows,), dtype=torch.float32)
     goal = new((rows,), dtype=torch.float32)
-    floor = new((rows,), dtype=torch.int64)
+    ktau = new((rows,), dtype=torch.int64)
+    ptau = new((rows,), dtype=torch.int64)
+    tickets = torch.zeros((max(launches, 1), rows), dtype=torch.int32, device=target.device)
     tau = new((rows,), dtype=torch.int64)
     part_kept = new((rows, chunks), dtype=torch.float32)
-    workspaces = (hist, prefix, acc, goal, floor)
     use_early = early is not None and flags["HAS_P"]
     early_flags = new((rows,), dtype=torch.int8) if use_early else tau  # any valid pointer without EARLY
     test = (early["draft_probs"], early["draft_ids"], early["seeds"], early["offsets"]) if use_early else (target,) * 4
     bonus = dict(EARLY_BONUS=done is not None)
     done = tau if done is None else done  # any valid pointer without EARLY_BONUS
     step = 0
-    passes = _radix_passes(target.dtype)
     for by_mass, present in ((False, flags["HAS_K"]), (True, flags["HAS_P"])):
         for passed in range(passes if present else 0):
-            chain_radix_pass_kernel[(rows, chunks)](
-                target, lengths, *ptrs, part_max, *workspaces, early_flags, part_arg, part_sum, *test, done, step,
-                passed, **common, BY_MASS=by_mass, PASSES=passes, EARLY=use_early,
-                HAS_DRAFT_PROBS=use_early and early["has_draft_probs"], BLOCK=radix_block, **bonus)
+            chain_radix_pass_kernel[(rows, chunks * split)](
+                target, lengths, *ptrs, part_max, hist, prefix, acc, goal, ktau, ptau, tickets[step], early_flags,
+                part_arg, part_sum, *test, done, passed, **common, BY_MASS=by_mass, PASSES=passes, EARLY=use_early,
+                HAS_DRAFT_PROBS=use_early and early["has_draft_probs"], BLOCK=radix_block, SPLIT=split, **bonus)
             step += 1
-    chain_kept_mass_kernel[(rows, chunks)](target, lengths, *ptrs, part_max, *workspaces, tau, part_kept, early_flags,
-                                           done, step, **common, PASSES=passes, EARLY=use_early, BLOCK=block, **bonus)
+    chain_kept_mass_kernel[(rows, chunks)](target, lengths, *ptrs, part_max, ktau, ptau, tau, part_kept, early_flags,
+                                           done, **common, EARLY=use_early, BLOCK=block, **bonus)
     return tau, part_kept
 
 

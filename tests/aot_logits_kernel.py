@@ -44,7 +44,7 @@ split = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", draft_ids_ptr="*i64", 
              token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32", bonus_ptr="*i64", rates_ptr="*fp32",
              max_draft="i32", num_draft_rows="i32", bonus_rows="i32", tau_ptr="*i64", part_kept_ptr="*fp32",
              top_k_ptr="*i64", top_p_ptr="*fp32", min_p_ptr="*fp32", hist_ptr="*fp32",
-             prefix_ptr="*i64", acc_ptr="*fp32", goal_ptr="*fp32", floor_ptr="*i64", step="i32", passed="i32",
+             prefix_ptr="*i64", acc_ptr="*fp32", goal_ptr="*fp32", ktau_ptr="*i64", ptau_ptr="*i64", passed="i32",
              early_ptr="*i8", done_ptr="*i8", bonus_w_ptr="*i64", part_above_ptr="*fp32")
 compile_all(chain_row_partials_kernel, split,
             [dict(PACKED=packed, HAS_T=has_t, HAS_BONUS=False, TREE=tree, CHUNKS=16, CHUNK=8192, PART_BLOCK=4096,
@@ -78,10 +78,10 @@ for logits, passes in (("*bf16", 4), ("*fp32", 8)):
                                   (True, True, True)):
         check(compile_kernel(chain_radix_pass_kernel, types,
                              dict(filtered, BY_MASS=by_mass, PASSES=passes, BLOCK=512, EARLY=early,
-                                  HAS_DRAFT_PROBS=has_q, EARLY_BONUS=early), num_warps=4),
+                                  HAS_DRAFT_PROBS=has_q, EARLY_BONUS=early, SPLIT=4), num_warps=4),
               f"chain_radix_pass_kernel {logits} BY_MASS={by_mass} EARLY={early} HAS_DRAFT_PROBS={has_q}")
     for early in (False, True):
-        check(compile_kernel(chain_kept_mass_kernel, types, dict(filtered, PASSES=passes, BLOCK=1024, EARLY=early,
+        check(compile_kernel(chain_kept_mass_kernel, types, dict(filtered, BLOCK=1024, EARLY=early,
                                                                  EARLY_BONUS=early),
                              num_warps=4), f"chain_kept_mass_kernel {logits} EARLY={early}")
 print("compiled")

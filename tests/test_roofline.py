@@ -209,7 +209,9 @@ def test_logits_cases_count_every_pass_over_the_rows():
     assert chain[3].bytes_moved >= 4 * fallback * row and chain[4].bytes_moved >= fallback * row
     assert chain[3].items == chain[4].items == chain[5].items == fallback
     assert all(k.triton["constexprs"]["EARLY"] and k.triton["constexprs"]["EARLY_BONUS"] for k in chain)
-    from specdec_ops.logits import _radix_passes
+    from specdec_ops.logits import RADIX_SPLIT, _radix_passes, _radix_split
+    assert roofline.RADIX_SPLIT == RADIX_SPLIT == _radix_split(roofline.SPLIT_CHUNK, roofline.SPLIT_RADIX_BLOCK)
+    assert chain[3].triton["constexprs"]["SPLIT"] == RADIX_SPLIT
     assert chain[3].triton["constexprs"]["PASSES"] == chain[4].triton["constexprs"]["PASSES"] == \
         _radix_passes(torch.bfloat16) == 4
 

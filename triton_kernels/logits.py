@@ -800,38 +800,46 @@ def row_max_of_chunks(part_max_ptr, j, CHUNKS: tl.constexpr, CHUNKS_P2: tl.const
 
 
 @triton.jit
-def chunk_histograms(hist_ptr, slot, rows, j, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
-    """Row j's histogram [16] in workspace slot `slot`, summed over its chunks in order."""
-    cs = tl.arange(0, CHUNKS_P2)
+def row_histogram(hist_ptr, j, PARTS: tl.constexpr, PARTS_P2: tl.constexpr):
+    """Row j's histogram [16]: its parts' histograms of this pass summed in order (written by the other
+    programs of the row before their tickets: volatile loads)."""
+    ps = tl.arange(0, PARTS_P2)
     bins = tl.arange(0, RADIX_BINS)
-    at = ((slot * rows + j) * CHUNKS + cs[:, None]) * RADIX_BINS + bins[None, :]
-    valid = (cs[:, None] < CHUNKS) & (bins[None, :] < RADIX_BINS)
-    return tl.sum(tl.load(hist_ptr + at, mask=valid, other=0.0), 0)
+    at = (j * PARTS + ps[:, None]) * RADIX_BINS + bins[None, :]
+    valid = (ps[:, None] < PARTS) & (bins[None, :] < RADIX_BINS)
+    return tl.sum(tl.load(hist_ptr + at, mask=valid, other=0.0, volatile=True), 0)
 
 
 @triton.jit
-def finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, slot, rows, j, top_p, passed,
-                BY_MASS: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
-    """The pick of pass `passed` (0 to PASSES - 1) of row j's select from its state before that pass and the
-    pass's histogram (slot `slot`): (prefix, remaining or target, above) after it (the prefix: radix_key
-    bits; threshold_key turns the last one into z's). Top-p's target (pass 0) is top_p times its candidates'
-    mass, less the slack."""
-    hist = chunk_histograms(hist_ptr, slot, rows, j, CHUNKS, CHUNKS_P2)
+def finish_pass(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, tau_out_ptr, j, prefix, top_k, top_p, m, t, passed,
+                BY_MASS: tl.constexpr, PASSES: tl.constexpr, PARTS: tl.constexpr, PARTS_P2: tl.constexpr):
+    """The pick of pass `passed` of row j's select (logits_math.h radix_pick_count / radix_pick_mass), by the
+    row's last program of the pass: from the row's histogram and the select's state before the pass (`prefix`,
+    and acc_ptr / goal_ptr: by count the rank left, by mass the mass above the prefix and the target), the state
+    after it; top-p's target (pass 0) is top_p times its candidates' mass, less the slack. After the last pass,
+    the threshold (z's key: threshold_key) goes to tau_out_ptr."""
+    hist = row_histogram(hist_ptr, j, PARTS, PARTS_P2)
+    above = tl.full([], 0.0, tl.float32)
     if passed == 0:
-        prefix = tl.full([], 0, tl.int64)
-        above = tl.full([], 0.0, tl.float32)
         if BY_MASS:
             remaining = top_p * tl.sum(hist, 0) * (1.0 - TOP_P_SLACK)
         else:
-            remaining = tl.load(acc_ptr + slot * rows + j)  # top-k's rank, stored by its pass 0
+            remaining = top_k.to(tl.float32)
     else:
-        prefix = tl.load(prefix_ptr + slot * rows + j)
-        remaining = tl.load(acc_ptr + slot * rows + j)
-        above = tl.full([], 0.0, tl.float32)
+        remaining = tl.load(acc_ptr + j)
         if BY_MASS:
             above = remaining
             remaining = tl.load(goal_ptr + j)
-    return radix_pick(hist, prefix, remaining, above, 28 - RADIX_BITS * passed, BY_MASS)
+    prefix, remaining, above = radix_pick(hist, prefix, remaining, above, 28 - RADIX_BITS * passed, BY_MASS)
+    tl.store(prefix_ptr + j, prefix)
+    if BY_MASS:
+        tl.store(acc_ptr + j, above)
+        if passed == 0:
+            tl.store(goal_ptr + j, remaining)
+    else:
+        tl.store(acc_ptr + j, remaining)
+    if passed == PASSES - 1:
+        tl.store(tau_out_ptr + j, threshold_key(prefix, m, t, PASSES))
 
 
 @triton.jit
@@ -1049,30 +1057,38 @@ def chain_bonus_verdict_kernel(
 def chain_radix_pass_kernel(
     logits_ptr, lengths_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
     part_max_ptr,        # float32 [rows, CHUNKS] from chain_row_partials_kernel
-    hist_ptr,            # float32 [2, rows, CHUNKS, 16] histograms (counts or masses), slots used in turn
-    prefix_ptr,          # int64 [2, rows] the select's prefix after the picks so far (chunk 0 writes)
-    acc_ptr,             # float32 [2, rows] by count: the rank left; by mass: the mass above the prefix
-    goal_ptr,            # float32 [rows] top-p's target mass (stored by its pass 1)
-    floor_ptr,           # int64 [rows] top-p's floor: top-k's threshold, z's key (stored by top-p's pass 0)
+    hist_ptr,            # float32 [rows, CHUNKS x SPLIT, 16] this pass's histograms (counts or masses) per part
+    prefix_ptr,          # int64 [rows] the select's prefix after the picks so far (the row's finisher writes)
+    acc_ptr,             # float32 [rows] by count: the rank left; by mass: the mass above the prefix
+    goal_ptr,            # float32 [rows] top-p's target mass (stored by the finisher of its pass 0)
+    ktau_ptr,            # int64 [rows] top-k's threshold, z's key (its last pass's finisher): top-p's floor
+    ptau_ptr,            # int64 [rows] top-p's threshold, z's key (its last pass's finisher)
+    tickets_ptr,         # int32 [rows] this launch's, zero before it
     early_ptr,           # int8 [rows] (EARLY) 1: top-p's early acceptance took the row's draft (top-p's pass 0)
     part_arg_ptr, part_sum_ptr,  # (EARLY) chain_row_partials_kernel's, for the row's total
     draft_probs_ptr, draft_ids_ptr, seeds_ptr, offsets_ptr,  # (EARLY) the acceptance test's
     done_ptr,            # int8 [B] (EARLY_BONUS) 1: chain_bonus_verdict_kernel wrote the request's outputs
-    step, passed,        # this launch's pass in the call (its slot: step % 2) and in its select (from 0)
+    passed,              # this launch's pass in its select (from 0)
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
     HAS_BONUS: tl.constexpr, TREE: tl.constexpr, BY_MASS: tl.constexpr, PASSES: tl.constexpr,
     EARLY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-    EARLY_BONUS: tl.constexpr = False,
+    SPLIT: tl.constexpr = 1, EARLY_BONUS: tl.constexpr = False,
 ):
-    """One pass of the split radix select (BY_MASS: top-p's, else top-k's) over one chunk of one row. EARLY (chain
-    rows, no logprobs, no synthetic rates): top-p's first pass decides top-p's early acceptance of the row's
-    draft (chain_row_accepts_early; chunk 0 stores it), and a row it takes runs no pass of top-p's select.
-    EARLY_BONUS: the rows of a request top-p's early bonus token decided (done) run none."""
+    """One pass of the split radix select (BY_MASS: top-p's, else top-k's) over one part of one row (grid rows x
+    CHUNKS x SPLIT: a part is CHUNK / SPLIT entries). Every program reads the select's state after the previous
+    pass, writes its part's histogram and takes a ticket; the row's last program (the finisher) adds the parts'
+    histograms in order and picks the pass's digit (finish_pass), so no program reads more than its own part
+    and the state, and the finisher the row's histograms once. EARLY (chain rows, no logprobs, no synthetic
+    rates): top-p's first pass decides top-p's early acceptance of the row's draft (chain_row_accepts_early;
+    part 0 stores it), and a row it takes runs no pass of top-p's select. EARLY_BONUS: the rows of a request
+    top-p's early bonus token decided (done) run none."""
+    PARTS: tl.constexpr = CHUNKS * SPLIT
+    PARTS_P2: tl.constexpr = CHUNKS_P2 * SPLIT
+    PART: tl.constexpr = CHUNK // SPLIT
     j = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    rows = tl.num_programs(0).to(tl.int64)
     b, used, target_row = split_row(lengths_ptr, j, max_draft, num_draft_rows, bonus_rows, PACKED, HAS_BONUS, TREE)
     if EARLY_BONUS:
         used = used & (tl.load(done_ptr + b) == 0)
@@ -1090,60 +1106,46 @@ def chain_radix_pass_kernel(
                                                     j, b, t, top_k, top_p, min_p, vocab, max_draft, num_draft_rows,
                                                     bonus_rows, PACKED, HAS_DRAFT_PROBS, CHUNKS, CHUNKS_P2)
                     if c == 0:
-                        tl.store(early_ptr + j, early.to(tl.int8))
+                        tl.store(early_ptr + j, early.to(tl.int8))  # (c: the part)
                 else:
                     early = tl.load(early_ptr + j) != 0
                 active = active & (early == 0)
     else:
         active = sampled & (top_k > 0)
     if active:
-        slot = step % 2
-        prev = 1 - slot
         floor_key = tl.full([], 0, tl.int64)
-        if passed == 0:
-            prefix = tl.full([], 0, tl.int64)
-            acc = tl.full([], 0.0, tl.float32)
-            if BY_MASS:
-                if HAS_K:
-                    if top_k > 0:  # top-k ran first: its last pick (slot prev) is the floor
-                        pick, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, prev, rows, j, top_p,
-                                                 PASSES - 1, False, CHUNKS, CHUNKS_P2)
-                        floor_key = threshold_key(pick, m, t, PASSES)
-                if c == 0:
-                    tl.store(floor_ptr + j, floor_key)
-            else:
-                acc = top_k.to(tl.float32)
-        else:
-            if BY_MASS:
-                floor_key = tl.load(floor_ptr + j)
-            prefix, acc, above = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, prev, rows, j, top_p,
-                                             passed - 1, BY_MASS, CHUNKS, CHUNKS_P2)
-            if BY_MASS:
-                if (passed == 1) & (c == 0):
-                    tl.store(goal_ptr + j, acc)
-                acc = above
-        if c == 0:
-            tl.store(prefix_ptr + slot * rows + j, prefix)
-            tl.store(acc_ptr + slot * rows + j, acc)
-        lo = c.to(tl.int64) * CHUNK
-        hist = radix_histogram(logits_ptr + target_row * vocab, lo, vocab, m, t, floor_key, prefix,
-                               28 - RADIX_BITS * passed, BY_MASS, CHUNK, BLOCK)
+        if BY_MASS:
+            if HAS_K:
+                if top_k > 0:  # top-k ran first: its threshold is top-p's floor
+                    floor_key = tl.load(ktau_ptr + j)
+        prefix = tl.full([], 0, tl.int64)
+        if passed > 0:
+            prefix = tl.load(prefix_ptr + j)
+        hist = radix_histogram(logits_ptr + target_row * vocab, c.to(tl.int64) * PART, vocab, m, t, floor_key, prefix,
+                               28 - RADIX_BITS * passed, BY_MASS, PART, BLOCK)
         bins = tl.arange(0, RADIX_BINS)
-        tl.store(hist_ptr + ((slot * rows + j) * CHUNKS + c) * RADIX_BINS + bins, hist)
+        tl.store(hist_ptr + (j * PARTS + c) * RADIX_BINS + bins, hist)
+        tl.debug_barrier()  # every thread's stores before the ticket
+        if tl.atomic_add(tickets_ptr + j, 1, sem="acq_rel") == PARTS - 1:
+            if BY_MASS:
+                finish_pass(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, ptau_ptr, j, prefix, top_k, top_p, m, t, passed,
+                            True, PASSES, PARTS, PARTS_P2)
+            else:
+                finish_pass(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, ktau_ptr, j, prefix, top_k, top_p, m, t, passed,
+                            False, PASSES, PARTS, PARTS_P2)
 
 
-@triton.jit(do_not_specialize=["num_draft_rows", "step"])
+@triton.jit(do_not_specialize=["num_draft_rows"])
 def chain_kept_mass_kernel(
     logits_ptr, lengths_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_max_ptr,
-    hist_ptr, prefix_ptr, acc_ptr, goal_ptr, floor_ptr,  # chain_radix_pass_kernel's workspaces
+    ktau_ptr, ptau_ptr,  # chain_radix_pass_kernel's thresholds: top-k's, top-p's
     tau_ptr,             # int64 out [rows] the kept-key threshold (0: every entry kept; -1: accepted early)
     part_kept_ptr,       # float32 out [rows, CHUNKS] the chunks' kept masses (where tau > 0)
     early_ptr,           # int8 [rows] (EARLY) chain_radix_pass_kernel's early acceptances (rows with top-p on)
     done_ptr,            # int8 [B] (EARLY_BONUS) 1: chain_bonus_verdict_kernel wrote the request's outputs
-    step,                # the number of radix passes run before (the last one's slot: (step - 1) % 2)
     vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows,
     PACKED: tl.constexpr, HAS_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
-    HAS_BONUS: tl.constexpr, TREE: tl.constexpr, PASSES: tl.constexpr, EARLY: tl.constexpr, CHUNKS: tl.constexpr,
+    HAS_BONUS: tl.constexpr, TREE: tl.constexpr, EARLY: tl.constexpr, CHUNKS: tl.constexpr,
     CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, EARLY_BONUS: tl.constexpr = False,
 ):
     """A row's threshold (row_stats: top-k's, raised by top-p's and by min-p's) and its chunk's kept mass. A row
@@ -1151,7 +1153,6 @@ def chain_kept_mass_kernel(
     EARLY_BONUS: a request top-p's early bonus token decided (done) is not read (the walk skips it)."""
     j = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    rows = tl.num_programs(0).to(tl.int64)
     b, used, target_row = split_row(lengths_ptr, j, max_draft, num_draft_rows, bonus_rows, PACKED, HAS_BONUS, TREE)
     if EARLY_BONUS:
         used = used & (tl.load(done_ptr + b) == 0)
@@ -1166,19 +1167,16 @@ def chain_kept_mass_kernel(
     if early != 0:
         tau = tl.full([], -1, tl.int64)
     elif used & (t > 0) & (m > float("-inf")):
-        # the slots of the selects' last passes: top-p's was the call's last (step - 1), top-k's the call's
-        # pass PASSES - 1 (top-k runs first; a row that skips top-p's passes writes nothing in them). A pick of
-        # an entry of the row is never 0 as z's key (z >= -inf, whose key is 0x7fffff).
+        # the selects' thresholds, stored by their last passes' finishers (top-k runs first: its threshold is
+        # top-p's floor). A pick of an entry of the row is never 0 as z's key (z >= -inf, whose key is 0x7fffff).
+        floor_key = tl.full([], 0, tl.int64)
+        if HAS_K:
+            if top_k > 0:
+                floor_key = tl.load(ktau_ptr + j)
+        tau = floor_key
         if HAS_P:
             if top_p < 1.0:
-                pick, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, (step + 1) % 2, rows, j, top_p,
-                                         PASSES - 1, True, CHUNKS, CHUNKS_P2)
-                tau = tl.maximum(threshold_key(pick, m, t, PASSES), tl.load(floor_ptr + j))
-        if HAS_K:
-            if (top_k > 0) & (tau == 0):  # top-k alone (top-p off for this row)
-                pick, _, _ = finish_pick(hist_ptr, prefix_ptr, acc_ptr, goal_ptr, (PASSES - 1) % 2, rows, j,
-                                         top_p, PASSES - 1, False, CHUNKS, CHUNKS_P2)
-                tau = threshold_key(pick, m, t, PASSES)
+                tau = tl.maximum(tl.load(ptau_ptr + j), floor_key)
         if HAS_MIN_P:
             if min_p > 0.0:
                 tau = tl.maximum(tau, order_key(tl.log(min_p)))
