@@ -61,9 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    from . import SpecDecArgumentError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "generate":
-        return generate(args)
+        try:
+            return generate(args)
+        except SpecDecArgumentError as error:   # a bad flag value: one line naming it, exit status 2
+            parser.error(str(error))
     return 2
 
 

@@ -79,6 +79,19 @@ def test_missing_target_path_is_a_clear_error(tmp_path):
         main(["generate", "--target", str(tmp_path / "nope"), "--prompt", "hi"])
 
 
+@pytest.mark.parametrize("flags,name", [(["--tree", "0"], "tree"), (["--k", "0"], "num_speculative_tokens"),
+                                        (["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p")])
+def test_bad_flag_values_are_one_line_errors(tiny_model_dir, capsys, flags, name):
+    from specdec_ops.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--target", tiny_model_dir, "--prompt", "w1 w2", "--max-new-tokens", "2", "--quiet",
+              *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert name in err and "Traceback" not in err
+
+
 def test_cli_builds_its_decoder_from_default_setup(tiny_model_dir, monkeypatch):
     """What the CLI runs by default is SpeculativeDecoder(model, **default_setup(model, tokenizer))."""
     import specdec_ops.decoding as decoding

@@ -14,6 +14,7 @@ Matching, length policies, re-rankers: tests/test_drafters.py. Sampling: tests/t
 import os
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,6 +149,55 @@ def test_greedy_eos_stops_each_request(target, small_drafter, kind, tree):
                                  tree=tree)
     out = decoder.generate(PROMPTS, max_new_tokens=max_new, eos_token_id=eos)
     assert out.sequences == expected
+    # accepted tokens are the emitted drafts: a step emits its accepted drafts and one token more, unless the
+    # EOS cuts it inside the drafts (once per request at most); drafts accepted after the EOS do not count
+    s = out.stats
+    assert s.generated_tokens == sum(map(len, expected))
+    assert 0 <= s.accepted_tokens + s.request_steps + len(PROMPTS) - s.generated_tokens <= len(PROMPTS)
+
+
+@pytest.mark.parametrize("tree", [None, 4], ids=["chain", "tree"])
+def test_drafts_accepted_after_an_eos_are_not_counted(target, tree):
+    """The target drafting for itself: the first step's 4 drafts are all accepted, the second of them an EOS;
+    the request emits 3 tokens (the prefill's and 2 drafts), so 2 accepted tokens, not 4."""
+    prompt = PROMPTS[0]
+    eos = reference_greedy(target, prompt, 8)[2]
+    out = SpeculativeDecoder(target, ModelDrafter(target), num_speculative_tokens=4, tree=tree).generate(
+        [prompt], max_new_tokens=8, eos_token_id=eos)
+    assert out.sequences == [reference_greedy(target, prompt, 8, eos=eos)] and len(out.sequences[0]) == 3
+    s = out.stats
+    assert (s.target_forwards, s.accepted_tokens, s.generated_tokens) == (1, 2, 3)
+    assert s.mean_accepted_length == 2.0
+
+
+@pytest.mark.parametrize("k,tree", [(4, 1), (4, 2), (6, 3), (3, 12)])
+def test_model_drafter_trees_near_the_end_fit_and_stay_within_each_request(target, small_drafter, k, tree):
+    """ModelDrafter's tree expands `branch` nodes per level and forwards them in its own cache: up to
+    1 + branch (k - 1) slots past the root, more than the loop's window of 1 + tree (a window of 13 in a
+    cache sized for 3 once overflowed near max_new_tokens). Each request's paths stay within the tokens it
+    may still emit (remaining - 1), so no accepted draft is ever cut by max_new_tokens."""
+    prompts = [[5, 17, 23], [3, 9], [70, 71, 72, 73]]
+    max_new = [32, 7, 19]
+    for drafter in (ModelDrafter(small_drafter), ModelDrafter(target)):
+        decoder = SpeculativeDecoder(target, drafter, num_speculative_tokens=k, tree=tree)
+        proposals = []
+        propose = drafter.propose
+
+        def recorded(batch, k, tree, sampling):
+            draft = propose(batch, k, tree, sampling)
+            _, depth = specdec_ops.build_tree(draft.parents, draft.num_nodes)
+            nodes = torch.arange(draft.tokens.shape[1])[None] < draft.num_nodes[:, None]
+            proposals.append((batch.remaining(), torch.where(nodes, depth, 0).amax(1).tolist()))
+            return draft
+
+        drafter.propose = recorded
+        for m in max_new:
+            out = decoder.generate(prompts, max_new_tokens=m, eos_token_id=[])
+            assert out.sequences == [reference_greedy(target, p, m) for p in prompts]
+            s = out.stats
+            assert s.accepted_tokens + s.request_steps + len(prompts) == s.generated_tokens == m * len(prompts)
+        assert all(d <= max(r - 1, 0) for remaining, depths in proposals for r, d in zip(remaining, depths))
+        assert any(max(depths) < k for _, depths in proposals)      # the end of a request was reached
 
 
 def test_greedy_accepts_tensor_prompts_and_long_drafts(target):
@@ -514,6 +564,18 @@ def test_errors_name_the_problem(target):
         NGramDrafter(n=0)
     with pytest.raises(ValueError, match="drafter must have"):
         SpeculativeDecoder(target, object())
+    for bad in ([[1.5, 2]], [[True, 2]], [["3", 2]], [[1], torch.tensor([0.5])]):   # never truncated or cast
+        with pytest.raises(specdec_ops.SpecDecArgumentError, match=r"prompts\[\d\]\[0\] = .* is not an integer"):
+            dec.generate(bad, max_new_tokens=2)
+    for bad in ([1, 2, 3], ["hello"]):                                             # not a list of lists
+        with pytest.raises(specdec_ops.SpecDecArgumentError, match="prompts must be a list of token-id lists"):
+            dec.generate(bad, max_new_tokens=2)
+    for bad in (1.5, True, "a", [2, 2.5]):
+        with pytest.raises(specdec_ops.SpecDecArgumentError, match="eos_token_id must be an int"):
+            dec.generate([[1]], max_new_tokens=2, eos_token_id=bad)
+    # numpy integers are ints; a numpy prompt array is a tensor of prompts
+    assert dec.generate(np.array([[1, 2]]), max_new_tokens=np.int64(2), eos_token_id=np.int64(7)).sequences == \
+        dec.generate([[1, 2]], max_new_tokens=2, eos_token_id=[7]).sequences
     for cls in (NGramDrafter, ModelDrafter):  # the class for an instance: named at construction
         with pytest.raises(specdec_ops.SpecDecArgumentError, match=f"drafter must be a drafter instance.*{cls.__name__}"):
             SpeculativeDecoder(target, cls)

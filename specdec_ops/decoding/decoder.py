@@ -12,6 +12,7 @@ import numbers
 import time
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 import specdec_ops as ops
@@ -131,8 +132,9 @@ class SpeculativeDecoder:
                  stats, streamer) -> tuple[Batch, SamplingParams]:
         """One forward over the (ragged) prompts fills the cache; their last logits give the first token
         (rejection_sample with no drafts: a draw from p, argmax when greedy), the first root."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if not _is_token_id(max_new_tokens) or max_new_tokens < 1:
             raise ops.SpecDecArgumentError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        max_new_tokens = int(max_new_tokens)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ops.SpecDecArgumentError(f"seed must be an int, got {seed!r}")
         prompts = _check_prompts(prompts, self.vocab_size)
@@ -208,10 +210,13 @@ class Verified(NamedTuple):
 
 
 def stats_step(stats: GenerationStats, draft: Draft, out: Verified, appended: list[int]) -> None:
+    """Counts one verify step. Accepted tokens are the accepted drafts the requests emitted: a draft accepted
+    after an EOS or past max_new_tokens is cut with the tokens after it, so each request's step emitted
+    min(accepted, appended) drafts and, when appended exceeds that, its correction or bonus token."""
     stats.target_forwards += 1
     stats.request_steps += len(appended)
     stats.draft_tokens += int((draft.num_nodes - 1).sum())
-    stats.accepted_tokens += int(out.num_accepted.sum())
+    stats.accepted_tokens += sum(min(a, n) for a, n in zip(out.num_accepted.tolist(), appended))
     stats.generated_tokens += sum(appended)
     stats.step_tokens += sum(appended)
 
@@ -219,7 +224,13 @@ def stats_step(stats: GenerationStats, draft: Draft, out: Verified, appended: li
 # ---------------------------------------------------------------------------------------------- checks
 
 
+def _is_token_id(t) -> bool:
+    return isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_))
+
+
 def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:
+    if isinstance(prompts, np.ndarray):
+        prompts = torch.from_numpy(prompts) if prompts.dtype.kind in "iu" else prompts.tolist()
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() != 2 or prompts.dtype not in (torch.int32, torch.int64):
             raise ops.SpecDecArgumentError(f"prompts must be a list of token-id lists or an int64 [B, L] tensor, "
@@ -229,10 +240,16 @@ def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:
         raise ops.SpecDecArgumentError("prompts must be a non-empty list of token-id lists")
     out = []
     for b, p in enumerate(prompts):
-        p = p.tolist() if isinstance(p, torch.Tensor) else list(p)
+        if isinstance(p, (torch.Tensor, np.ndarray)) and p.ndim == 1:
+            p = p.tolist()        # its elements checked below: a float or bool tensor is refused there
+        if not isinstance(p, (list, tuple)):
+            raise ops.SpecDecArgumentError(f"prompts must be a list of token-id lists; prompts[{b}] is "
+                                           f"{type(p).__name__} {p!r}")
         if not p:
             raise ops.SpecDecArgumentError(f"prompts[{b}] is empty: every prompt needs at least one token")
         for i, t in enumerate(p):
+            if not _is_token_id(t):
+                raise ops.SpecDecArgumentError(f"prompts[{b}][{i}] = {t!r} is not an integer token id")
             if not 0 <= int(t) < vocab_size:
                 raise ops.SpecDecArgumentError(f"prompts[{b}][{i}] = {int(t)} is outside the target's vocabulary "
                                                f"[0, {vocab_size})")
@@ -241,8 +258,16 @@ def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:
 
 
 def _eos_set(eos_token_id, target) -> set[int]:
+    """The EOS ids: ``eos_token_id`` (an int or a list of ints; [] = none), else the target's generation_config."""
     if eos_token_id is None:
         eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
-    return {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple, set)) else [eos_token_id])}
+        if eos_token_id is None:
+            return set()
+    if isinstance(eos_token_id, torch.Tensor):
+        eos_token_id = eos_token_id.tolist()
+    ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple, set, frozenset)) else [eos_token_id]
+    for e in ids:
+        if not _is_token_id(e):
+            raise ops.SpecDecArgumentError(f"eos_token_id must be an int, a list of ints or None, got "
+                                           f"{eos_token_id!r}")
+    return {int(e) for e in ids}

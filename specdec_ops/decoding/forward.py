@@ -47,6 +47,15 @@ class RaggedKVCache:
         """Every layer's K and V as ``[B, S, H, D]`` views, the layout kv_commit takes."""
         return [t.transpose(1, 2) for t in (*self.keys, *self.values)]
 
+    def grow(self, capacity: int) -> None:
+        """At least ``capacity`` slots per request (the committed entries stay where they are)."""
+        if capacity <= self.capacity:
+            return
+        pad = capacity - self.capacity
+        self.keys = [torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in self.keys]
+        self.values = [torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in self.values]
+        self.capacity = capacity
+
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only the requests in `rows` (finished requests stop costing work)."""
         self.keys = [t.index_select(0, rows) for t in self.keys]

@@ -72,7 +72,7 @@ class GenerationStats:
 
     target_forwards: int = 0      # verify forwards of the target (prefill not counted)
     draft_tokens: int = 0         # draft tokens proposed
-    accepted_tokens: int = 0      # draft tokens accepted
+    accepted_tokens: int = 0      # draft tokens accepted and emitted (not those cut by an EOS or max_new_tokens)
     generated_tokens: int = 0     # tokens emitted (the prefill's first token, then accepted + one per request-step)
     step_tokens: int = 0          # tokens emitted by verify forwards
     request_steps: int = 0        # (request, verify forward) pairs

@@ -39,7 +39,8 @@ class ModelDrafter:
     # ---------------------------------------------------------------------------------------- protocol
 
     def reset(self, batch, capacity, vocab_size):
-        self.cache = RaggedKVCache(self.model, len(batch), capacity + 2, model_device(self.model),
+        self._capacity = capacity + 2
+        self.cache = RaggedKVCache(self.model, len(batch), self._capacity, model_device(self.model),
                                    model_dtype(self.model))
         self.seeds = stream_seeds(batch.seeds, DRAFT_STREAM).to(model_device(self.model))
         self.lengths = [0] * len(batch)   # cache.seq_lens on the host
@@ -73,7 +74,7 @@ class ModelDrafter:
         lengths, host = batch.lengths, batch.host_lengths()
         caps = [max(min(r - 1, k), 0) for r in batch.remaining()]
         if tree is not None:
-            return self._propose_tree(batch, logits, max(1, max(caps)), tree, sampling)
+            return self._propose_tree(batch, logits, caps, k, tree, sampling)
         depth = max(caps)
         tokens, probs = [], []
         for j in range(depth):
@@ -110,10 +111,17 @@ class ModelDrafter:
         return forward(self.model, self.cache, ids, valid, depth, mask, logits_at=pending - 1,
                        start_range=(min(self.lengths), max(self.lengths)))
 
-    def _propose_tree(self, batch, root_logits, max_depth, budget, sampling) -> Draft:
+    def _propose_tree(self, batch, root_logits, caps, k, budget, sampling) -> Draft:
+        """The tree of at most ``budget`` nodes besides the root, request b's paths at most ``caps[b]`` deep."""
         bsz, dev, branch = len(batch), root_logits.device, self.branch
+        max_depth = max(1, max(caps))
         start = batch.lengths - 1                                    # the window's root slot
         host = batch.host_lengths()
+        # the last expansion forwards 1 + branch (max_depth - 1) nodes from the root's slot: beyond what the
+        # loop's window needs, so the cache grows once to what any step of this generation can take
+        need = max(host) + branch * (max_depth - 1)
+        if need > self.cache.capacity:
+            self.cache.grow(max(need, self._capacity + branch * max(k - 1, 0)))
         start_range = (min(host) - 1, max(host) - 1)
         roots = batch.tokens.gather(1, start[:, None])
         # node table (node 0 = root): token, parent, cumulative log q, depth
@@ -138,16 +146,25 @@ class ModelDrafter:
             window = torch.cat([window, frontier], 1)
             logits = self._forward_nodes(window, tok, par, dep, start, start_range)    # [B, W, V]
             q = process_probs(logits[:, -frontier.shape[1]:], sampling)
-        # keep the `budget` best nodes (ties: earlier first), in creation order so parents come first
+        # keep the `budget` best nodes of request b's at most caps[b] deep (ties: earlier first; a child never
+        # scores above its parent, so the set is ancestor-closed), in creation order so parents come first;
+        # the rest of the row is padding (the root's token, parent -1)
         n_total = tok.shape[1]
-        order = torch.sort(score[:, 1:], dim=-1, descending=True, stable=True).indices
-        keep = order[:, :min(budget, n_total - 1)].sort(-1).values + 1
-        keep = torch.cat([torch.zeros(bsz, 1, dtype=torch.int64, device=dev), keep], 1)
+        cap = torch.tensor(caps, dtype=torch.int64, device=dev)
+        eligible = dep[:, 1:] <= cap[:, None]
+        ranked = torch.where(eligible, score[:, 1:], float("-inf"))
+        order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[:, :min(budget, n_total - 1)]
+        valid = torch.gather(eligible, 1, order)
+        keep = torch.where(valid, order + 1, n_total).sort(-1).values    # the padding last
+        valid = keep < n_total
+        keep = torch.cat([torch.zeros(bsz, 1, dtype=torch.int64, device=dev), keep.masked_fill(~valid, 0)], 1)
+        valid = torch.cat([torch.ones(bsz, 1, dtype=torch.bool, device=dev), valid], 1)
         remap = torch.full((bsz, n_total), -1, dtype=torch.int64, device=dev)
-        remap.scatter_(1, keep, torch.arange(keep.shape[1], device=dev).expand(bsz, -1).contiguous())
+        slots = torch.arange(keep.shape[1], device=dev).expand(bsz, -1)
+        remap.scatter_(1, keep, torch.where(valid, slots, 0))    # (the padding writes the root's 0 at 0)
         new_par = torch.gather(par, 1, keep)
-        new_par = torch.where(new_par >= 0, torch.gather(remap, 1, new_par.clamp(min=0)), new_par)
-        num_nodes = torch.full((bsz,), keep.shape[1], dtype=torch.int64, device=dev)
+        new_par = torch.where((new_par >= 0) & valid, torch.gather(remap, 1, new_par.clamp(min=0)), -1)
+        num_nodes = valid.sum(1)
         window_offset = torch.full((bsz, n_total), -1, dtype=torch.int64, device=dev).scatter_(
             1, window, torch.arange(window.shape[1], device=dev).expand(bsz, -1).contiguous())
         self._last = ("tree", batch.lengths, batch.host_lengths(), (keep, window_offset))
