@@ -633,6 +633,19 @@ def _launch_filters(target, lengths, ptrs, flags, partials, rows, chunks, chunk,
     return tau, part_kept
 
 
+def _split_sizes(vocab, chunk=None, block=None, radix_block=None):
+    """(block, radix_block, chunk, chunks) of the split kernels for rows of `vocab` entries; the arguments given
+    override the defaults. A row shorter than SPLIT_CHUNK is one chunk of its power-of-two size (a multiple of
+    block): the programs do not sweep 8192 masked entries of a 16-entry row."""
+    block = block or _block(vocab)
+    radix_block = radix_block or min(block, _radix_block(vocab))
+    chunk = chunk or max(block, min(SPLIT_CHUNK, next_pow2(vocab)))
+    if chunk % block or block % 4 or chunk % radix_block:
+        raise ValueError(f"chunk ({chunk}) must be a multiple of block ({block}) and of radix_block ({radix_block}), "
+                         "block of 4")
+    return block, radix_block, chunk, -(-vocab // chunk)
+
+
 def _split_rows(target, lengths, params, rows, max_draft, num_draft_rows, bonus_rows, packed, has_bonus, tree,
                 chunk=None, block=None, radix_block=None, early=None, early_bonus=None):
     """Every row's statistics over vocabulary chunks: chain_row_partials_kernel, and with filter tensors the
@@ -643,15 +656,7 @@ def _split_rows(target, lengths, params, rows, max_draft, num_draft_rows, bonus_
 
     vocab = target.shape[-1]
     ptrs, flags = _param_ptrs(target, params)
-    block = block or _block(vocab)
-    radix_block = radix_block or min(block, _radix_block(vocab))
-    # a row shorter than SPLIT_CHUNK is one chunk of its power-of-two size (a multiple of block): the
-    # programs do not sweep 8192 masked entries of a 16-entry row
-    chunk = chunk or max(block, min(SPLIT_CHUNK, next_pow2(vocab)))
-    if chunk % block or block % 4 or chunk % radix_block:
-        raise ValueError(f"chunk ({chunk}) must be a multiple of block ({block}) and of radix_block ({radix_block}), "
-                         "block of 4")
-    chunks = -(-vocab // chunk)
+    block, radix_block, chunk, chunks = _split_sizes(vocab, chunk, block, radix_block)
     part_max = target.new_empty((rows, chunks), dtype=torch.float32)
     part_arg = target.new_empty((rows, chunks), dtype=torch.int64)
     part_sum = target.new_empty((rows, chunks), dtype=torch.float32)
@@ -744,8 +749,7 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     # top-p's early acceptance: not with logprobs (they need every row's kept mass) nor synthetic rates
     early = None if return_logprobs or rates is not None else dict(
         draft_probs=q, draft_ids=ids, seeds=seeds, offsets=offsets, has_draft_probs=draft_probs is not None)
-    block = block or _block(vocab)
-    chunks = -(-vocab // (chunk or max(block, min(SPLIT_CHUNK, next_pow2(vocab)))))  # (_split_rows' chunks)
+    block, radix_block, chunk, chunks = _split_sizes(vocab, chunk, block, radix_block)
     group = race_group or (chain_race_group(batch, chunks, num_sms(target.device)) if target.device.type == "cuda"
                            else 1)
     early_bonus = dict(batch=batch, race_group=group, block=block, token_ids=token_ids, num_accepted=num_accepted,
@@ -753,7 +757,6 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     split = _split_rows(target, lengths, params, batch * (max_draft + 1), max_draft, ids.numel(), bonus_rows, packed,
                         bonus_token_ids is not None, False, chunk, block, radix_block, early=early,
                         early_bonus=early_bonus)
-    assert split["chunks"] == chunks
     races = -(-chunks // group)
     race_score = target.new_empty((batch, races), dtype=torch.float32)
     race_index = target.new_empty((batch, races), dtype=torch.int64)

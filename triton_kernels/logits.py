@@ -898,6 +898,17 @@ def chain_row_accepts_early(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_
 
 
 @triton.jit
+def race_program_is_last(race_score_ptr, race_index_ptr, tickets_ptr, b, c, races, best, index):
+    """Stores race program c's winner (best score, its index) of request b and takes the request's ticket: True in
+    the last of its `races` programs, which then merges them (race_programs_winner). No program waits for another."""
+    tl.store(race_score_ptr + b * races + c, best)
+    tl.store(race_index_ptr + b * races + c, index.to(tl.int64))
+    tl.debug_barrier()  # every thread's stores before the ticket
+    ticket = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
+    return ticket == races - 1
+
+
+@triton.jit
 def race_programs_winner(race_score_ptr, race_index_ptr, b, races, CHUNKS_P2: tl.constexpr):
     """(best score, its smallest index) over request b's race programs' winners (written before their tickets:
     read by the last program, volatile): the race's winner over the whole row."""
@@ -990,11 +1001,7 @@ def chain_bonus_race_kernel(
                                  tl.zeros([], tl.int64), total, tl.load(seeds_ptr + b), tl.load(offsets_ptr + b), n,
                                  PURPOSE_BONUS, lo, CHUNK * RACE_GROUP, HAS_T, False, BLOCK)
         races = (CHUNKS + RACE_GROUP - 1) // RACE_GROUP
-        tl.store(race_score_ptr + b * races + c, best)
-        tl.store(race_index_ptr + b * races + c, index.to(tl.int64))
-        tl.debug_barrier()  # every thread's stores before the ticket
-        ticket = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
-        if ticket == races - 1:
+        if race_program_is_last(race_score_ptr, race_index_ptr, tickets_ptr, b, c, races, best, index):
             top, final = race_programs_winner(race_score_ptr, race_index_ptr, b, races, CHUNKS_P2)
             tl.store(bonus_w_ptr + b, tl.where(top > 0, final, -1))  # (a row without mass: the full path)
     elif c == 0:
@@ -1296,12 +1303,7 @@ def chain_walk_race_kernel(
         best, index = split_race(row_ptr, q_row_ptr, x, residual, vocab, m, t, tau, total, seed, offset, k, purpose, lo,
                                  CHUNK * RACE_GROUP, HAS_T, HAS_DRAFT_PROBS, BLOCK)
         races = (CHUNKS + RACE_GROUP - 1) // RACE_GROUP
-        at = b * races + c
-        tl.store(race_score_ptr + at, best)
-        tl.store(race_index_ptr + at, index.to(tl.int64))
-        tl.debug_barrier()  # every thread's stores before the ticket
-        ticket = tl.atomic_add(tickets_ptr + b, 1, sem="acq_rel")
-        writer = ticket == races - 1
+        writer = race_program_is_last(race_score_ptr, race_index_ptr, tickets_ptr, b, c, races, best, index)
         if writer:
             top, final = race_programs_winner(race_score_ptr, race_index_ptr, b, races, CHUNKS_P2)
             if residual & (top <= 0):  # no residual mass: the race over p, every chunk here
