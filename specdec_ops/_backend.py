@@ -117,15 +117,21 @@ def resolve_backend(backend: str | None, device: torch.device, op: str, *, nativ
     return resolved
 
 
+def tracing() -> bool:
+    """Whether the tensors at hand may hold no values: under torch.compile, or under a FakeTensorMode (make_fx,
+    export, a user's fake mode), where reading a value raises. Value checks are skipped then."""
+    return torch.compiler.is_compiling() or torch._guards.detect_fake_mode() is not None
+
+
 def values_checked_here(device: torch.device, backend: str | None = None) -> bool:
     """Whether a Python wrapper checks index *values* itself (DESIGN.md §4).
 
     Values are checked on CPU tensors only (on the GPU that would need a host sync;
-    bad values get the documented safe behaviour there) and not under torch.compile.
+    bad values get the documented safe behaviour there) and not while tracing (`tracing`).
     Pass the resolved `backend` for ops whose C++ CPU kernel checks values itself:
     then "cpu" is left to the kernel (same messages) and the reference and Triton
     backends are checked here. backend=None: the wrapper checks for every backend.
     """
-    if device.type != "cpu" or torch.compiler.is_compiling():
+    if device.type != "cpu" or tracing():
         return False
     return backend != "cpu"

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, num_sms, resolve_backend, triton_interpreting, values_checked_here
+from ._backend import next_pow2, num_sms, resolve_backend, tracing, triton_interpreting, values_checked_here
 from ._checks import BackendUnavailableError, INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, fail, first_bad
 from .attention_merge import _cascade_flash_attn, _merge_fp32
 from .tree import _check_mask, _mask_words, _unpack_bits
@@ -261,7 +261,7 @@ def _tree_attention_cpu(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_
     bitmask (appended to the last chunk), chunks merged exactly by their LSE."""
     layout = _check_attention_args(q, k_cache, v_cache, prefix_lens, mask, block_table)
     batch, n, hq, hk, d = layout.batch, layout.nodes, layout.q_heads, layout.kv_heads, layout.head_dim
-    if not torch.compiler.is_compiling():
+    if not tracing():
         _check_attention_values(prefix_lens, block_table, layout, k_cache.shape[0])
     group = hq // hk
     out = torch.zeros(batch, n, hq, d, dtype=torch.float32)

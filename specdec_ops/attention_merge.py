@@ -118,7 +118,8 @@ def _merge_fp32(out_a, lse_a, out_b, lse_b):
 def _merge_cpu(out_a, lse_a, out_b, lse_b):
     _check_merge_args(out_a, lse_a, out_b, lse_b)
     out, lse = _merge_fp32(out_a.float(), lse_a, out_b.float(), lse_b)
-    return out.to(out_a.dtype), lse
+    # contiguous whatever the inputs' strides, as the fake and the Triton kernel give them
+    return out.to(out_a.dtype).contiguous(), lse.contiguous()
 
 
 # ---------------------------------------------------------------------------------------------- fake

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, resolve_backend
+from ._backend import next_pow2, resolve_backend, tracing
 from ._checks import (INDEX_DTYPES, SpecDecArgumentError, check_device, check_dtype, check_rank, check_shape,
                       check_tensor, fail, first_bad, native_message)
 
@@ -252,12 +252,12 @@ def kv_commit(
     check_tensor(seq_lens, "seq_lens")
     backend = resolve_backend(backend, seq_lens.device, "kv_commit", native_op="kv_commit",
                               triton_op="kv_commit_triton")
-    native = backend in ("cpu", "cuda") and not torch.compiler.is_compiling()
+    native = backend in ("cpu", "cuda") and not tracing()
     # The C++ op checks every cache itself (naming it) in one loop: the Python
     # per-cache checks (~1 us per cache) run only for the other backends.
     caches = _check_args(caches, seq_lens, accepted_path, block_table, each_cache=not native)
     if (seq_lens.device.type == "cpu" and backend in ("reference", "triton")
-            and not torch.compiler.is_compiling()):
+            and not tracing()):
         _check_values(caches, seq_lens, accepted_path, block_table)
     if backend == "reference":
         reference.kv_commit(caches, seq_lens, accepted_path, block_table=block_table)
@@ -315,7 +315,7 @@ def kv_rollback(
     check_shape(num_tokens, tuple(seq_lens.shape), "num_tokens", "[B]")
     if not isinstance(max_tokens, int) or max_tokens < 0:
         fail(f"max_tokens must be a non-negative int, got {max_tokens!r}")
-    if seq_lens.device.type == "cpu" and not torch.compiler.is_compiling():
+    if seq_lens.device.type == "cpu" and not tracing():
         bad = first_bad((num_tokens < 1) | (num_tokens > max_tokens))
         if bad is not None:
             fail(f"num_tokens[{bad[0]}] = {int(num_tokens[bad])} is outside [1, max_tokens = {max_tokens}]")

@@ -69,6 +69,48 @@ def test_meta_tensors_give_the_cpu_kernels_shapes_and_dtypes(name):
     assert leaves(out) == want
 
 
+FAKE_CASES = dict(CASES, **{
+    "rejection_sample_logits_packed": (lambda: [torch.randn(4 + B, V), torch.tensor([0, 3, 4]), torch.tensor([1, 2, 3, 4])],
+                                       lambda a: so.rejection_sample_logits_packed(*a, max_num_draft_tokens=3,
+                                                                                   return_logprobs=True)),
+    "tree_attention_bias": (lambda: [so.build_tree(torch.tensor([[-1, 0, 0, 1]] * B)).mask, torch.tensor([5, 8])],
+                            lambda a: so.tree_attention_bias(a[0], a[1], 12)),
+    "merge_attention_states": (lambda: [torch.randn(B, 3, 8, 4).transpose(2, 3), torch.randn(B, 3, 4),
+                                        torch.randn(B, 3, 4, 8), torch.randn(B, 3, 4)],
+                               lambda a: so.merge_attention_states(*a)),
+})
+
+
+@pytest.mark.parametrize("name", sorted(FAKE_CASES))
+def test_wrappers_run_under_a_fake_tensor_mode(name):
+    """make_fx, export and a user's FakeTensorMode run the wrappers on fake CPU tensors, which hold no values:
+    the wrappers' value checks are skipped there (they read values: DataDependentOutputException), and every
+    output has the eager output's shape, dtype and strides."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    make, call = FAKE_CASES[name]
+    inputs = make()
+    eager = call(inputs)
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t) for t in inputs]
+    with mode:
+        out = call(fakes)
+    assert leaves(out) == leaves(eager)
+    items, want = (out, eager) if isinstance(out, tuple) else ((out,), (eager,))
+    assert [t.stride() for t in items if t is not None] == [t.stride() for t in want if t is not None]
+
+
+def test_kv_rollback_under_a_fake_tensor_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    caches = [mode.from_tensor(torch.zeros(B, 12, 2, 8)) for _ in range(2)]
+    seq_lens, num_tokens = mode.from_tensor(torch.tensor([3, 5], dtype=torch.int32)), mode.from_tensor(torch.tensor([2, 1]))
+    with mode:
+        so.kv_rollback(caches, seq_lens, num_tokens, 4)
+    assert seq_lens.shape == (B,)
+
+
 def test_kv_commit_on_meta_caches_changes_nothing():
     caches = [torch.empty(B, 12, 2, 8, device="meta") for _ in range(2)]
     seq_lens = torch.empty(B, dtype=torch.int32, device="meta")
