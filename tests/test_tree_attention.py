@@ -348,6 +348,21 @@ def test_merge_of_empty_sides_is_zero_never_nan(backend):
     torch.testing.assert_close(lse[[0, 2]], lse_b[[0, 2]])
 
 
+@pytest.mark.parametrize("backend", MERGE_BACKENDS)
+def test_merge_of_non_finite_lse_is_the_references(backend):
+    """lse = log(e^lse_a + e^lse_b) whatever the sides: +inf with anything is +inf, NaN with anything NaN, and
+    their outputs 0, on every backend (the Triton kernel stored -inf for both, and out_b for a NaN lse_a)."""
+    inf = float("inf")
+    out_a, out_b = torch.randn(4, 16), torch.randn(4, 16)
+    lse_a = torch.tensor([inf, NAN, inf, 0.3])
+    lse_b = torch.tensor([0.5, 0.5, -inf, NAN])
+    out, lse = specdec_ops.merge_attention_states(out_a, lse_a, out_b, lse_b, backend=backend)
+    want_out, want_lse = reference.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    assert torch.isposinf(lse[[0, 2]]).all() and torch.isnan(lse[[1, 3]]).all() and (out == 0).all()
+    torch.testing.assert_close(lse, want_lse, equal_nan=True)
+    assert torch.equal(out, want_out)
+
+
 def test_merge_argument_errors():
     o, l = torch.randn(2, 3, 8), torch.randn(2, 3)
     with pytest.raises(ValueError, match="out_b"):
@@ -369,6 +384,8 @@ def test_opcheck_tree_attention_and_merge():
     torch.library.opcheck(torch.ops.specdec.tree_attention.default, args)
     o, l = torch.randn(2, 3, 16), torch.randn(2, 3)
     torch.library.opcheck(torch.ops.specdec.merge_attention_states.default, (o, l, o.flip(0), l.flip(0)))
+    strided = torch.randn(2, 16, 3).transpose(1, 2)   # outputs contiguous whatever the inputs' strides
+    torch.library.opcheck(torch.ops.specdec.merge_attention_states.default, (strided, l.t().contiguous().t(), o, l))
     if "triton" in CPU_BACKENDS:
         torch.library.opcheck(torch.ops.specdec.tree_attention_triton.default, args)
         torch.library.opcheck(torch.ops.specdec.merge_attention_states_triton.default, (o, l, o.flip(0), l.flip(0)))

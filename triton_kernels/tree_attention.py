@@ -232,10 +232,14 @@ def merge_states_kernel(out_a_ptr, lse_a_ptr, out_b_ptr, lse_b_ptr, out_ptr, lse
     d_ok = d < head_dim
     la = tl.load(lse_a_ptr + row)
     lb = tl.load(lse_b_ptr + row)
+    # a NaN lse makes the merged lse NaN and an lse of +inf makes it +inf, their output 0 (log(e^a + e^b), as
+    # the reference computes it); neither side is then weighted
+    nan = (la != la) | (lb != lb)
+    inf = (la == float("inf")) | (lb == float("inf"))
     m = tl.maximum(la, lb)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    wa = tl.exp(la - m_safe)
-    wb = tl.exp(lb - m_safe)
+    m_safe = tl.where((m == float("-inf")) | nan | inf, 0.0, m)
+    wa = tl.where(nan | inf, 0.0, tl.exp(la - m_safe))
+    wb = tl.where(nan | inf, 0.0, tl.exp(lb - m_safe))
     total = wa + wb
     total_safe = tl.where(total > 0, total, 1.0)
     a = tl.load(out_a_ptr + row * head_dim + d, mask=d_ok, other=0.0).to(tl.float32)
@@ -244,4 +248,6 @@ def merge_states_kernel(out_a_ptr, lse_a_ptr, out_b_ptr, lse_b_ptr, out_ptr, lse
     b = tl.where(wb > 0, b * wb, 0.0)
     out = (a + b) / total_safe
     tl.store(out_ptr + row * head_dim + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
-    tl.store(lse_ptr + row, tl.where(total > 0, m_safe + tl.log(total_safe), float("-inf")))
+    lse = tl.where(total > 0, m_safe + tl.log(total_safe), float("-inf"))
+    lse = tl.where(inf, float("inf"), lse)
+    tl.store(lse_ptr + row, tl.where(nan, float("nan"), lse))
