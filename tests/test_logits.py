@@ -614,6 +614,40 @@ def test_op_level_parameter_checks_raise_value_error():
             torch.tensor([0.5, 2.0]), None, args["seeds"], args["offsets"], False)
 
 
+def test_op_level_index_checks_raise_value_error_also_compiled():
+    """The C++ ops check the lengths and the trees on CPU tensors themselves, as the probability ops do: a direct
+    call, and a wrapper under torch.compile (which reads no values in Python), raise naming the argument."""
+    args = make_batch(3, 2, 10, seed=47, ragged=False)
+    logits, ids, seeds, offsets = args["target_logits"], args["draft_token_ids"], args["seeds"], args["offsets"]
+    op = torch.ops.specdec
+    with pytest.raises(ValueError, match=r"num_draft_tokens\[1\] = 3 is outside \[0, K = 2\]"):
+        op.rejection_sample_logits.default(logits, ids, torch.tensor([0, 3, 1]), None, None, None, None, None,
+                                           seeds, offsets, False)
+    packed = to_packed(args)
+    for cu, message in (([0, 2, 1, 6], "must be non-decreasing"), ([1, 2, 4, 6], r"cu_num_draft_tokens\[0\]"),
+                        ([0, 3, 4, 6], "more than max_num_draft_tokens = 2"), ([0, 2, 4, 5], "must equal")):
+        with pytest.raises(ValueError, match=message):
+            op.rejection_sample_logits_packed.default(packed["target_logits"], torch.tensor(cu),
+                                                      packed["draft_token_ids"], None, None, None, None, None, seeds,
+                                                      offsets, False, 2)
+    case = random_tree(2, 4, 10, seed=47)
+    tree_args = (case["target_logits"], case["tree_token_ids"])
+    for parents, num_nodes, message in (([[-1, 0, 2, 1], [-1, 0, 0, 0]], None, r"parents\[0, 2\] = 2"),
+                                        ([[-1, 0, 0, 1], [-1, 0, 0, 0]], [4, 0], r"num_nodes\[1\] = 0")):
+        with pytest.raises(ValueError, match=message):
+            op.tree_rejection_sample_logits.default(
+                *tree_args, torch.tensor(parents), None if num_nodes is None else torch.tensor(num_nodes), None,
+                None, None, None, None, case["seeds"], case["offsets"], False)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def compiled(cu):
+        return specdec_ops.rejection_sample_logits_packed(
+            packed["target_logits"], cu, packed["draft_token_ids"], seeds=seeds, max_num_draft_tokens=2).token_ids
+
+    with pytest.raises(Exception, match="more than max_num_draft_tokens = 2"):
+        compiled(torch.tensor([0, 3, 4, 6]))
+
+
 # ---------------------------------------------------------------------------------------------- engine keywords (#14)
 
 ENGINE_BACKENDS = BACKENDS

@@ -1,8 +1,10 @@
 // torch glue of specdec::process_logits, specdec::rejection_sample_logits[_packed] and
 // specdec::tree_rejection_sample_logits: argument checks, CPU value checks of the
-// sampling parameters, and dispatch to the CPU kernels (DESIGN.md §5.7). Index values
-// (lengths, draft ids, parents) are checked by the Python wrappers; the kernels clamp
-// them into range, so a direct call with bad values never reads out of bounds.
+// sampling parameters, the lengths and the trees (as the probability ops check them,
+// also under torch.compile, where the wrappers read no values), and dispatch to the
+// CPU kernels (DESIGN.md §5.7). Draft ids outside the vocabulary are the wrappers' to
+// refuse (reject_invalid_drafts makes them no error); the kernels reject them, and clamp
+// every index into range, so a direct call never reads out of bounds.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -221,6 +223,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_chain(
   p.logprobs = return_logprobs ? logprobs.mutable_data_ptr<float>() : nullptr;
   p.workspace = nullptr;
   if (target.is_cpu()) {
+    check_chain_lengths_cpu(p.lengths, packed, batch, max_draft, p.num_draft_rows,
+                            packed ? "cu_num_draft_tokens" : "num_draft_tokens");
     rejection_sample_logits_cpu(p);
   } else {
 #ifdef SPECDEC_WITH_CUDA
@@ -384,6 +388,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample
   p.normalizers = nullptr;
   p.zeroed = nullptr;
   if (target.is_cpu()) {
+    check_tree_values_cpu(p.parents, p.tree_token_ids, p.num_nodes, batch, nodes, p.vocab);
     tree_rejection_sample_logits_cpu(p);  // per-request scratch of its own
   } else {
 #ifdef SPECDEC_WITH_CUDA

@@ -61,23 +61,7 @@ void check_keywords(const std::optional<at::Tensor>& bonus_token_ids,
 // lengths are validated in full before any draft id is read through them.
 void check_values_cpu(const RejectionParams& p, const char* lengths_name, bool reject_invalid_drafts,
                       int64_t num_rates) {
-  if (p.packed) {
-    TORCH_CHECK_VALUE(p.lengths[0] == 0, lengths_name, "[0] must be 0, got ", p.lengths[0]);
-    for (int64_t b = 0; b < p.batch; ++b) {
-      const int64_t lo = p.lengths[b], hi = p.lengths[b + 1];
-      TORCH_CHECK_VALUE(hi >= lo, lengths_name, " must be non-decreasing, got ", lengths_name, "[", b + 1, "] = ",
-                        hi, " < ", lengths_name, "[", b, "] = ", lo);
-      TORCH_CHECK_VALUE(hi - lo <= p.max_draft, "request ", b, " has ", hi - lo,
-                        " draft tokens, more than max_num_draft_tokens = ", p.max_draft);
-    }
-    TORCH_CHECK_VALUE(p.lengths[p.batch] == p.num_draft_rows, lengths_name, "[B] = ", p.lengths[p.batch],
-                      " must equal the number of draft tokens T = ", p.num_draft_rows);
-  } else {
-    for (int64_t b = 0; b < p.batch; ++b) {
-      TORCH_CHECK_VALUE(p.lengths[b] >= 0 && p.lengths[b] <= p.max_draft, lengths_name, "[", b, "] = ",
-                        p.lengths[b], " is outside [0, K = ", p.max_draft, "]");
-    }
-  }
+  check_chain_lengths_cpu(p.lengths, p.packed, p.batch, p.max_draft, p.num_draft_rows, lengths_name);
   for (int64_t b = 0; p.bonus_token_ids != nullptr && b < p.batch; ++b) {
     TORCH_CHECK_VALUE(p.bonus_token_ids[b] >= 0 && p.bonus_token_ids[b] < p.vocab, "bonus_token_ids[", b, "] = ",
                       p.bonus_token_ids[b], " is outside the vocabulary [0, ", p.vocab, ")");

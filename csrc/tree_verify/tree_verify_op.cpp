@@ -55,23 +55,7 @@ void check_args(const at::Tensor& target_probs, const at::Tensor& tree_token_ids
 
 // CPU only: index values the kernel would otherwise read out of range or misread.
 void check_values_cpu(const TreeVerifyParams& p) {
-  const int64_t N = p.max_nodes;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    int64_t n = N;
-    if (p.num_nodes != nullptr) {
-      n = p.num_nodes[b];
-      TORCH_CHECK_VALUE(n >= 1 && n <= N, "num_nodes[", b, "] = ", n, " is outside [1, N = ", N, "]");
-    }
-    const int64_t* par = p.parents + b * N;
-    const int64_t* tok = p.tree_token_ids + b * N;
-    TORCH_CHECK_VALUE(par[0] == -1, "parents[", b, ", 0] = ", par[0], " must be -1 (node 0 is the root)");
-    for (int64_t i = 1; i < n; ++i) {
-      TORCH_CHECK_VALUE(par[i] >= 0 && par[i] < i, "parents[", b, ", ", i, "] = ", par[i],
-                        " is malformed: a node's parent must be an earlier node, in [0, ", i, ")");
-      TORCH_CHECK_VALUE(tok[i] >= 0 && tok[i] < p.vocab, "tree_token_ids[", b, ", ", i, "] = ", tok[i],
-                        " is outside the vocabulary [0, ", p.vocab, ")");
-    }
-  }
+  check_tree_values_cpu(p.parents, p.tree_token_ids, p.num_nodes, p.batch, p.max_nodes, p.vocab);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample(
