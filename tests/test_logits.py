@@ -1883,7 +1883,8 @@ def test_triton_top_p_early_bonus_token_is_the_full_paths(draft_probs, dtype, mo
     kept where top-p surely keeps its winner) against the same kernels without it and the C++ op: the same
     tokens bit for bit, padded and packed, over seeds where top-p keeps and drops the winner. The requests it
     decides skip the select (their bonus rows get no threshold); those with top-k or min-p on, greedy, or with
-    a draft the early acceptance does not take, never take it."""
+    a draft the early acceptance does not take, never take it. Two chunks a row in tiles of 256 (tiles of 64
+    took the interpreter three times as long: ~140 s a seed)."""
     from specdec_ops.logits import _launch_chain
 
     taus = recorded_thresholds(monkeypatch)
@@ -1897,8 +1898,8 @@ def test_triton_top_p_early_bonus_token_is_the_full_paths(draft_probs, dtype, mo
             taus.clear()
             outs.append(_launch_chain(args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"],
                                       args["draft_probs"], params, args["seeds"], args["offsets"], False, batch, k,
-                                      packed=False, bonus_rows=True, bonus_token_ids=None, rates=None, chunk=256,
-                                      block=64, radix_block=64, early_bonus_token=early_bonus,
+                                      packed=False, bonus_rows=True, bonus_token_ids=None, rates=None, chunk=512,
+                                      block=256, radix_block=256, early_bonus_token=early_bonus,
                                       stats=stats if early_bonus else None))
             if early_bonus:
                 bonus_tau = taus[0].view(batch, k + 1)[:, k]
