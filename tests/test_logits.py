@@ -243,6 +243,23 @@ def test_process_logits_special_values_and_greedy(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_infinite_temperature_is_the_uniform_limit(backend):
+    """temperature = +inf is a valid value (> 0, not NaN): the limit of softmax(l / T), uniform over the finite
+    logits (the kernels take it as FLT_MAX). -inf and NaN logits keep no mass; the reference computed
+    -inf / inf = NaN and returned a NaN row."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[1.0, -inf, 0.0], [nan, 2.0, -3.0]])
+    t = torch.tensor([inf, inf])
+    probs = specdec_ops.process_logits(x, temperature=t, backend=backend)
+    torch.testing.assert_close(probs, torch.tensor([[0.5, 0.0, 0.5], [0.0, 0.5, 0.5]]))
+    out = specdec_ops.rejection_sample_logits(x[:, None], torch.zeros(2, 0, dtype=torch.int64),
+                                              torch.zeros(2, dtype=torch.int64), temperature=t,
+                                              seeds=torch.tensor([3, 4]), return_logprobs=True, backend=backend)
+    assert out.token_ids[0, 0] in (0, 2) and out.token_ids[1, 0] in (1, 2), out.token_ids
+    torch.testing.assert_close(out.logprobs, torch.full((2, 1), math.log(0.5)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_process_logits_scalars_mean_every_row(backend):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3, 4, 30, generator=g)
