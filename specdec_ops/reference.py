@@ -545,7 +545,7 @@ def process_row(row: torch.Tensor, temperature: float, top_k: int, top_p: float,
         probs[int(torch.argmax(x))] = 1.0  # torch.argmax returns the first maximal index
         return probs, torch.log_softmax(x.double(), -1).float()
     # T = +inf counts as FLT_MAX (logits_math.h row_sampling): -inf / inf would be NaN
-    z = (x - m) / torch.tensor(min(temperature, torch.finfo(torch.float32).max), dtype=torch.float32)
+    z = (x - m) / torch.tensor(min(temperature, FLOAT32_MAX), dtype=torch.float32)
     e = torch.exp(z)
     keys = order_keys(z)
     tau = torch.zeros((), dtype=torch.int64)  # the smallest key: keeps everything
