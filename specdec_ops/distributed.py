@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from . import logits as _logits
 from ._backend import values_checked_here
-from ._checks import (PROB_DTYPES, SpecDecArgumentError, check_bonus_token_ids, check_chain_values,
+from ._checks import (PROB_DTYPES, check_bonus_token_ids, check_chain_values,
                       check_cu_num_draft_tokens, check_cu_values, check_device, check_draft_ids, check_dtype,
                       check_index_tensor, check_rank, check_reject_invalid_drafts, check_shape, check_synthetic_rates,
                       check_tensor, check_tree_inputs, check_tree_values, fail, packed_max_num_draft_tokens, rng_inputs)
@@ -83,6 +83,11 @@ class _Comm:
             fail("torch.distributed is not initialized: call torch.distributed.init_process_group first "
                  "(group=None means the default group)")
         self.group = group
+        # device=None (the call's logits are not even a tensor): the device the group's backend communicates on.
+        if device is None:
+            gloo = "gloo" in str(dist.get_backend(group)).lower()
+            device = torch.device("cpu") if gloo or not torch.cuda.is_available() else \
+                torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -773,12 +778,12 @@ def rejection_sample_logits(
     >>> out = rejection_sample_logits(logits_shard, drafts, n, vocab_start=0 if rank == 0 else 600,
     ...                               vocab_size=1000, temperature=t, top_p=0.9, seeds=s)
     """
-    check_tensor(local_logits, "local_logits")
-    device = local_logits.device
-    comm = _Comm(group, device, comm_stats)
-    shape = list(local_logits.shape) + [-1] * 3
+    comm = _Comm(group, local_logits.device if isinstance(local_logits, torch.Tensor) else None, comm_stats)
+    device = comm.device
+    shape = (list(local_logits.shape) if isinstance(local_logits, torch.Tensor) else []) + [-1] * 3
     error = None
-    try:
+    try:  # every local check before the agreement step: a rank that fails here still joins it
+        check_tensor(local_logits, "local_logits")
         check_rank(local_logits, 3, "local_logits", "[B, K+1, V_local]")
         batch, k_plus_1, local = local_logits.shape
         bonus, reject_invalid_drafts = _check_engine(bonus_token_ids, reject_invalid_drafts, batch, device)
@@ -800,7 +805,7 @@ def rejection_sample_logits(
             check_chain_values(drafts, num_draft, max_draft, vocab_size,
                                reject_invalid_drafts=reject_invalid_drafts or rates is not None)
             _check_engine_values(bonus, rates, vocab_size)
-    except SpecDecArgumentError as e:
+    except Exception as e:  # noqa: BLE001 (raised below, after the other ranks have heard of it)
         error = e
     flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs,
                            bonus_token_ids is not None, synthetic_acceptance_rates is not None,
@@ -882,12 +887,12 @@ def rejection_sample_logits_packed(
     -------
     LogitsSampleOutput(token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None)
     """
-    check_tensor(local_logits, "local_logits")
-    device = local_logits.device
-    comm = _Comm(group, device, comm_stats)
-    shape = list(local_logits.shape) + [-1] * 3
+    comm = _Comm(group, local_logits.device if isinstance(local_logits, torch.Tensor) else None, comm_stats)
+    device = comm.device
+    shape = (list(local_logits.shape) if isinstance(local_logits, torch.Tensor) else []) + [-1] * 3
     error = None
-    try:
+    try:  # every local check before the agreement step: a rank that fails here still joins it
+        check_tensor(local_logits, "local_logits")
         check_rank(local_logits, 2, "local_logits", "[T + B, V_local]")
         total_rows, local = local_logits.shape
         batch = check_cu_num_draft_tokens(cu_num_draft_tokens, device, "local_logits")
@@ -913,7 +918,7 @@ def rejection_sample_logits_packed(
                 check_draft_ids(drafts_flat, torch.ones_like(drafts_flat, dtype=torch.bool), vocab_size)
             _check_engine_values(bonus, rates, vocab_size)
         shape[2] = max_draft
-    except SpecDecArgumentError as e:
+    except Exception as e:  # noqa: BLE001 (raised below, after the other ranks have heard of it)
         error = e
     flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs,
                            bonus_token_ids is not None, synthetic_acceptance_rates is not None,
@@ -1106,12 +1111,12 @@ def tree_rejection_sample_logits(
     logprobs float32 [B, N] or None)
         The same on every rank, as in §5.7.
     """
-    check_tensor(local_logits, "local_logits")
-    device = local_logits.device
-    comm = _Comm(group, device, comm_stats)
-    shape = list(local_logits.shape) + [-1] * 3
+    comm = _Comm(group, local_logits.device if isinstance(local_logits, torch.Tensor) else None, comm_stats)
+    device = comm.device
+    shape = (list(local_logits.shape) if isinstance(local_logits, torch.Tensor) else []) + [-1] * 3
     error = None
-    try:
+    try:  # every local check before the agreement step: a rank that fails here still joins it
+        check_tensor(local_logits, "local_logits")
         check_rank(local_logits, 3, "local_logits", "[B, N, V_local]")
         batch, nodes, local = local_logits.shape
         if nodes < 1:
@@ -1122,7 +1127,7 @@ def tree_rejection_sample_logits(
         params, seeds, offsets = _local_sampling_rng(temperature, top_k, top_p, min_p, seeds, offsets, batch, device)
         if values_checked_here(device):
             check_tree_values(tree_token_ids, parents, num_nodes, vocab_size)
-    except SpecDecArgumentError as e:
+    except Exception as e:  # noqa: BLE001 (raised below, after the other ranks have heard of it)
         error = e
     flags = _request_flags(draft_probs, temperature, top_k, top_p, min_p, seeds, return_logprobs,
                            num_nodes is not None)

@@ -74,11 +74,12 @@ def shard(t, bounds, rank):
 
 
 def sharded_calls(rank, world, cases):
-    """Run each case's sharded op on this rank's shard; a case raising SpecDecArgumentError returns its message.
+    """Run each case's sharded op on this rank's shard; a case raising returns its error's type and message.
 
     A case is a dict: "layout" ("padded" | "packed" | "tree"), "bounds" (rank r owns
     [bounds[r], bounds[r+1])), optional "vocab_start"/"vocab_size" overrides per
-    rank (lists), "logits", "draft_probs" (full tensors, sliced here) and
+    rank (lists), "logits", "draft_probs" (full tensors, sliced here; "list_logits_ranks": the ranks
+    that pass their shard as a nested list instead of a tensor) and
     "kwargs" (replicated arguments); "fixed_shapes": run the CUDA path's fixed-shape
     arithmetic (no CPU compaction) on the CPU tensors.
     """
@@ -92,6 +93,8 @@ def sharded_calls(rank, world, cases):
         vocab_start = case.get("vocab_start", bounds[:-1])[rank]
         vocab_size = case.get("vocab_size", [bounds[-1]] * world)[rank]
         logits = shard(case["logits"], bounds, rank)
+        if rank in case.get("list_logits_ranks", ()):  # not even a tensor on this rank
+            logits = logits.tolist()
         draft_probs = shard(case.get("draft_probs"), bounds, rank)
         if case.get("check_only"):  # check_vocab_shards alone
             try:
@@ -115,6 +118,6 @@ def sharded_calls(rank, world, cases):
         try:
             res = fn(logits, *args, vocab_start=vocab_start, vocab_size=vocab_size, comm_stats=stats, **kwargs)
             out.append(dict(res._asdict(), stats=stats))
-        except SpecDecArgumentError as e:
-            out.append({"error": str(e)})
+        except Exception as e:  # noqa: BLE001 (any error on one rank: the others must raise too, not hang)
+            out.append({"error": f"{type(e).__name__}: {e}"})
     return out

@@ -243,9 +243,13 @@ def inconsistent_cases(world):
     top_k = dict(base, per_rank_kwargs=[{}] * (world - 1) + [{"top_k": torch.full((3,), 2)}])
     bad_top_p = dict(base, per_rank_kwargs=[{"top_p": torch.full((3,), 1.5)}] + [{"top_p": torch.full((3,), 0.5)}]
                      * (world - 1))
+    # Errors other than the argument checks' own, on the last rank only: the others must raise, not wait for it.
+    junk_temperature = dict(base, per_rank_kwargs=[{}] * (world - 1) + [{"temperature": [1.0, "x", 1.0]}])
+    list_logits = dict(base, list_logits_ranks=(world - 1,))
     check_gap = dict(gap, check_only=True)
-    return ([gap, overlap, size, top_k, bad_top_p, check_gap],
-            ["gap", "overlap", "vocab_size", "top_k on one rank", "bad top_p on rank 0", "check_vocab_shards gap"])
+    return ([gap, overlap, size, top_k, bad_top_p, junk_temperature, list_logits, check_gap],
+            ["gap", "overlap", "vocab_size", "top_k on one rank", "bad top_p on rank 0",
+             "junk temperature on the last rank", "logits a list on the last rank", "check_vocab_shards gap"])
 
 
 def comm_cases(world):
@@ -325,15 +329,20 @@ def test_ranks_agree_bit_for_bit(world):
 def test_inconsistent_shards_raise_on_every_rank(world):
     cases, labels = world["eq"]
     bad, bad_labels = world["bad"]
+    last = world["world"] - 1
     expected_words = {"gap": "do not tile", "overlap": "do not tile", "vocab_size": "vocab_size differs",
                       "top_k on one rank": "optional arguments", "bad top_p on rank 0": "rank(s) [0] rejected",
+                      "junk temperature on the last rank": f"SpecDecArgumentError: rank(s) [{last}] rejected",
+                      "logits a list on the last rank": f"SpecDecArgumentError: rank(s) [{last}] rejected",
                       "check_vocab_shards gap": "do not tile"}
+    own_error = {("bad top_p on rank 0", 0): "top_p[0] = 1.5 must be in (0, 1]",
+                 ("junk temperature on the last rank", last): "Error",
+                 ("logits a list on the last rank", last): "local_logits must be a torch.Tensor, got list"}
     for j, label in enumerate(bad_labels):
         for rank, per_rank in enumerate(world["results"]):
             got = per_rank[len(cases) + j]
             assert "error" in got, f"{label}: rank {rank} did not raise"
-            words = "top_p[0] = 1.5 must be in (0, 1]" if label == "bad top_p on rank 0" and rank == 0 else \
-                expected_words[label]
+            words = own_error.get((label, rank), expected_words[label])
             assert words in got["error"], got["error"]
     # The world stays usable after the raises; check_vocab_shards accepts a good tiling.
     expected = unsharded(world["after"][1], "reference")
