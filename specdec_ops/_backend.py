@@ -9,6 +9,8 @@ imported (how the Triton kernels are tested without a GPU).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib.util
 import os
@@ -128,10 +130,35 @@ def values_checked_here(device: torch.device, backend: str | None = None) -> boo
 
     Values are checked on CPU tensors only (on the GPU that would need a host sync;
     bad values get the documented safe behaviour there) and not while tracing (`tracing`).
-    Pass the resolved `backend` for ops whose C++ CPU kernel checks values itself:
-    then "cpu" is left to the kernel (same messages) and the reference and Triton
-    backends are checked here. backend=None: the wrapper checks for every backend.
+    Pass the resolved `backend` for ops whose C++ CPU kernel and Triton impl check
+    values themselves: then "cpu" and "triton" are left to the op (same messages,
+    also under torch.compile, where the op runs with real tensors) and the reference
+    backend is checked here. backend=None: the wrapper checks for every backend.
     """
     if device.type != "cpu" or tracing():
         return False
-    return backend != "cpu"
+    return backend not in ("cpu", "triton")
+
+
+# True inside gpu_value_rules(), in that thread or task only (a context variable: other threads' calls keep
+# their checks).
+_GPU_VALUE_RULES = contextvars.ContextVar("specdec_gpu_value_rules", default=False)
+
+
+def impl_checks_values(device: torch.device) -> bool:
+    """Whether an op's impl (a specdec::*_triton op, as every C++ op) checks index *values*: on CPU tensors only
+    (on the GPU it would need a host sync), whether or not a wrapper around it is being traced (the impl runs
+    with real tensors, at run time); not inside :func:`gpu_value_rules`."""
+    return device.type == "cpu" and not _GPU_VALUE_RULES.get()
+
+
+@contextlib.contextmanager
+def gpu_value_rules():
+    """Tests: inside it the Triton ops' impls do not check index values on CPU tensors, so that the Triton
+    interpreter shows what the kernels do with bad values on the GPU (DESIGN.md §4's safe behaviour).
+    Shapes, dtypes and devices are still checked."""
+    token = _GPU_VALUE_RULES.set(True)
+    try:
+        yield
+    finally:
+        _GPU_VALUE_RULES.reset(token)

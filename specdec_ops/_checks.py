@@ -1,5 +1,5 @@
-"""Argument checks shared by the Python wrappers (DESIGN.md §4): every message
-names the argument and says what was expected."""
+"""Argument checks shared by the Python wrappers and the Triton ops' impls (DESIGN.md §4): every
+message names the argument and says what was expected."""
 
 from __future__ import annotations
 
@@ -94,6 +94,16 @@ def rng_inputs(seeds, offsets, batch: int, device: torch.device, ref_name: str):
         check_dtype(offsets, INDEX_DTYPES, "offsets")
         check_device(offsets, device, "offsets", ref_name)
         offsets = offsets.to(torch.int64)
+    return seeds, offsets
+
+
+def check_op_rng(seeds, offsets, batch: int, device: torch.device, ref_name: str):
+    """The ops' seeds and offsets as their schema takes them (what rng_inputs makes of a wrapper's arguments):
+    int64 [B] on `device`, as the C++ ops check them (csrc/common/torch_checks.h check_rng_args). Returns them."""
+    for t, name in ((seeds, "seeds"), (offsets, "offsets")):
+        check_shape(t, (batch,), name, "[B]")
+        check_dtype(t, (torch.int64,), name)
+        check_device(t, device, name, ref_name)
     return seeds, offsets
 
 
@@ -296,6 +306,15 @@ def check_synthetic_values(rates: torch.Tensor) -> None:
         fail(f"synthetic_acceptance_rates[{bad[0]}] = {float(rates[bad])} is outside [0, 1]")
 
 
+def check_keyword_values(bonus_token_ids, rates, vocab: int) -> None:
+    """Value checks (CPU tensors) of the chain ops' engine keywords, either of them None: bonus ids in
+    [0, vocab), rates in [0, 1] (the GPU clamps the bonus ids and uses the rates as given)."""
+    if bonus_token_ids is not None:
+        check_bonus_values(bonus_token_ids, vocab)
+    if rates is not None:
+        check_synthetic_values(rates)
+
+
 def check_tree_inputs(tree_token_ids, parents, num_nodes, batch: int, nodes: int, device: torch.device,
                       ref_name: str) -> None:
     """Shapes, dtypes and devices of a token tree: tree_token_ids and parents [B, N], num_nodes [B] or None."""
@@ -305,9 +324,10 @@ def check_tree_inputs(tree_token_ids, parents, num_nodes, batch: int, nodes: int
         check_index_tensor(num_nodes, (batch,), "num_nodes", "[B]", device, ref_name)
 
 
-def check_probs(target_probs, draft_probs, draft_shape, shape_str):
+def check_probs(target_probs, draft_probs, draft_shape, shape_str, same_dtype: bool = False):
     """Checked (target_probs, draft_probs) of the probability ops; probabilities of two different dtypes
-    are both taken as float32 (a copy: the kernels compute in float32 anyway)."""
+    are both taken as float32 (a copy: the kernels compute in float32 anyway), or refused with
+    ``same_dtype`` (the ops' own rule: their impls take what a wrapper passes them)."""
     check_dtype(target_probs, PROB_DTYPES, "target_probs")
     if target_probs.shape[-1] == 0:
         fail("target_probs must have a non-empty vocab dimension V")
@@ -316,5 +336,8 @@ def check_probs(target_probs, draft_probs, draft_shape, shape_str):
         check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
         check_device(draft_probs, target_probs.device, "draft_probs", "target_probs")
         if draft_probs.dtype != target_probs.dtype:
+            if same_dtype:
+                fail(f"draft_probs must have the dtype of target_probs ({target_probs.dtype}), got "
+                     f"{draft_probs.dtype}")
             target_probs, draft_probs = target_probs.float(), draft_probs.float()
     return target_probs, draft_probs

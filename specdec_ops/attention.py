@@ -17,7 +17,8 @@ from typing import NamedTuple
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, num_sms, resolve_backend, tracing, triton_interpreting, values_checked_here
+from ._backend import (impl_checks_values, next_pow2, num_sms, resolve_backend, tracing, triton_interpreting,
+                       values_checked_here)
 from ._checks import BackendUnavailableError, INDEX_DTYPES, PROB_DTYPES, check_device, check_dtype, check_rank, check_shape, fail, first_bad
 from .attention_merge import _cascade_flash_attn, _merge_fp32
 from .tree import _check_mask, _mask_words, _unpack_bits
@@ -226,7 +227,9 @@ def tree_attention(
     if prefix_backend not in (None, "flash_attn"):
         fail(f"prefix_backend must be None or 'flash_attn', got {prefix_backend!r}")
     backend = resolve_backend(backend, device, "tree_attention", native_op="tree_attention", triton_op="tree_attention_triton")
-    if values_checked_here(device):
+    # On CPU the ops check the values themselves (the composite and the Triton impl); the flash-attn cascade
+    # (GPU only) calls neither, so the wrapper keeps its check there.
+    if values_checked_here(device, backend if prefix_backend is None else None):
         _check_attention_values(prefix_lens, block_table, layout, k_cache.shape[0])
     if prefix_backend == "flash_attn":
         out, lse = _cascade_flash_attn(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_scale)
@@ -428,7 +431,12 @@ def _launch_tree_attention(q, k_cache, v_cache, prefix_lens, mask, block_table, 
 
 
 def _tree_attention_triton(q, k_cache, v_cache, prefix_lens, mask, block_table, sm_scale):
-    _check_attention_args(q, k_cache, v_cache, prefix_lens, mask, block_table)
+    """specdec::tree_attention_triton (and specdec::tree_attention on CUDA): the CPU composite's checks (shapes,
+    dtypes and devices always; on CPU tensors the prefix and the tree fit the cache and the used blocks exist),
+    then the launch."""
+    layout = _check_attention_args(q, k_cache, v_cache, prefix_lens, mask, block_table)
+    if impl_checks_values(q.device):
+        _check_attention_values(prefix_lens, block_table, layout, k_cache.shape[0])
     if q.dtype == torch.bfloat16 and (triton_interpreting() or q.device.type == "cpu"):
         # The interpreter has no bfloat16 arithmetic (tl.dot on bf16 returns garbage there).
         raise BackendUnavailableError(

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, resolve_backend, tracing
+from ._backend import impl_checks_values, next_pow2, resolve_backend, tracing
 from ._checks import (INDEX_DTYPES, SpecDecArgumentError, check_device, check_dtype, check_rank, check_shape,
                       check_tensor, fail, first_bad, native_message)
 
@@ -41,6 +41,8 @@ def _check_args(caches, seq_lens, accepted_path, block_table, *, each_cache: boo
         fail("seq_lens must be contiguous (it is updated in place)")
     device = seq_lens.device
     batch = seq_lens.shape[0]
+    if batch >= 2**31:
+        fail(f"seq_lens must have fewer than 2^31 requests, got {batch}")
     check_rank(accepted_path, 2, "accepted_path", "[B, M]")
     if accepted_path.shape[0] != batch:
         fail(f"accepted_path must have shape [B, M] with B = {batch} (the size of seq_lens), "
@@ -252,12 +254,12 @@ def kv_commit(
     check_tensor(seq_lens, "seq_lens")
     backend = resolve_backend(backend, seq_lens.device, "kv_commit", native_op="kv_commit",
                               triton_op="kv_commit_triton")
-    native = backend in ("cpu", "cuda") and not tracing()
-    # The C++ op checks every cache itself (naming it) in one loop: the Python
-    # per-cache checks (~1 us per cache) run only for the other backends.
+    native = backend != "reference" and not tracing()
+    # The ops (C++ and Triton) check every cache themselves (naming it) and, on CPU, the
+    # path's values: the Python per-cache checks (~1 us per cache) and value checks run
+    # here only for the reference backend (and while tracing, where the op is not run).
     caches = _check_args(caches, seq_lens, accepted_path, block_table, each_cache=not native)
-    if (seq_lens.device.type == "cpu" and backend in ("reference", "triton")
-            and not tracing()):
+    if seq_lens.device.type == "cpu" and backend == "reference" and not tracing():
         _check_values(caches, seq_lens, accepted_path, block_table)
     if backend == "reference":
         reference.kv_commit(caches, seq_lens, accepted_path, block_table=block_table)
@@ -266,7 +268,7 @@ def kv_commit(
     if native:
         try:
             op.default(caches, seq_lens, accepted_path, block_table)
-        except (ValueError, TypeError) as exc:  # argument and path checks of csrc/kv/kv_op.cpp
+        except (ValueError, TypeError) as exc:  # argument and path checks (csrc/kv/kv_op.cpp, _triton_kv_commit)
             raise SpecDecArgumentError(native_message(exc)) from None
         except RuntimeError:  # e.g. a non-tensor in caches: name it if it is an argument problem
             _check_args(caches, seq_lens, accepted_path, block_table)
@@ -404,12 +406,16 @@ def _cache_tables(group: list[torch.Tensor], device: torch.device):
 
 
 def _triton_kv_commit(caches, seq_lens, accepted_path, block_table):
+    """specdec::kv_commit_triton: the C++ op's checks (shapes, dtypes and devices of every argument and cache
+    always; the path's values on CPU tensors, with its messages: _check_values), then the launches."""
     from .triton_kernels.kv_commit import kv_advance_kernel, kv_move_kernel
 
+    caches = _check_args(caches, seq_lens, accepted_path, block_table)
+    if impl_checks_values(seq_lens.device):
+        _check_values(caches, seq_lens, accepted_path, block_table)
     batch, max_path = accepted_path.shape
     if batch == 0:
         return None
-    caches = list(caches)
     paged, capacity, block_size, num_blocks = _geometry(caches, block_table)
     path = accepted_path.contiguous()
     table = block_table.contiguous() if paged else path

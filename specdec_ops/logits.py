@@ -40,16 +40,18 @@ raising on CPU) and ``synthetic_acceptance_rates`` (benchmarking: accept draft k
 from __future__ import annotations
 
 import numbers
+from typing import NamedTuple
 
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, num_sms, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (INDEX_DTYPES, PROB_DTYPES, check_bonus_token_ids, check_bonus_values, check_chain_values,
+from ._backend import (impl_checks_values, next_pow2, num_sms, resolve_backend, triton_interpreting,
+                       values_checked_here)
+from ._checks import (INDEX_DTYPES, PROB_DTYPES, call_native, check_bonus_token_ids, check_chain_values,
                       check_cu_values, check_device, check_draft_ids, check_dtype, check_index_tensor,
-                      check_packed_layout, check_rank, check_reject_invalid_drafts, check_shape, check_synthetic_rates,
-                      check_synthetic_values, check_tensor, check_tree_inputs, check_tree_values, fail, first_bad,
-                      packed_max_num_draft_tokens, rng_inputs)
+                      check_keyword_values, check_op_rng, check_packed_layout, check_rank, check_reject_invalid_drafts,
+                      check_shape, check_synthetic_rates, check_tensor, check_tree_inputs, check_tree_values, fail,
+                      first_bad, packed_max_num_draft_tokens, rng_inputs)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput
 
 __all__ = ["process_logits", "rejection_sample_logits", "rejection_sample_logits_packed",
@@ -77,14 +79,19 @@ def _top_k_value(v):
     return min(int(v), _INT64_MAX) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
 
 
-def _sampling_param(value, name: str, batch: int, device: torch.device, ref_name: str):
+_PARAM_NAMES = ("temperature", "top_k", "top_p", "min_p")
+
+
+def _sampling_param(value, name: str, batch: int, device: torch.device, ref_name: str, op: bool = False):
     """A sampling parameter as the kernels read it: None, or a [B] tensor of the kernel dtype
-    on `device`. Python numbers (one value for every request) are checked here on any device;
-    tensors on CPU are checked value by value (on the GPU they are clamped by the kernels)."""
+    on `device`. The wrappers (op=False) take Python numbers (one value for every request, checked
+    here on any device), lists, and tensors of any integer (top_k) or floating dtype (converted);
+    the ops (op=True) tensors of the kernel dtype only (csrc/logits/logits_op.cpp check_param).
+    Tensor values are checked apart (_check_param_values), on CPU tensors only."""
     if value is None:
         return None
     dtype, valid, bad_value = _PARAMS[name]
-    if isinstance(value, (numbers.Number, bool)) and not isinstance(value, torch.Tensor):
+    if not op and isinstance(value, (numbers.Number, bool)) and not isinstance(value, torch.Tensor):
         if name == "top_k" and not isinstance(value, numbers.Integral):
             fail(f"top_k must be an int or an integer tensor [B], got {value!r}")
         if name == "top_k":
@@ -92,27 +99,42 @@ def _sampling_param(value, name: str, batch: int, device: torch.device, ref_name
         if bool(bad_value(torch.tensor(float(value)))):
             fail(f"{name} = {value!r} must be {valid}")
         return torch.full((batch,), value, dtype=dtype, device=device)
-    if isinstance(value, (list, tuple)):
+    if not op and isinstance(value, (list, tuple)):
         if name == "top_k":
             value = [_top_k_value(v) for v in value]
         value = torch.tensor(value, device=device)
     check_tensor(value, name)
     check_shape(value, (batch,), name, "[B]")
-    if name == "top_k":
+    if op:
+        check_dtype(value, (dtype,), name)
+    elif name == "top_k":
         check_dtype(value, INDEX_DTYPES, name)
     elif not value.is_floating_point():
         fail(f"{name} must be a floating-point tensor [B], got dtype {str(value.dtype).replace('torch.', '')}")
     check_device(value, device, name, ref_name)
-    if values_checked_here(device):
+    return value if op else value.to(dtype).contiguous()
+
+
+def _sampling(temperature, top_k, top_p, min_p, batch, device, ref_name, op=False, values=None):
+    """The four sampling parameters (_sampling_param); `values` (default: values_checked_here(device), as
+    specdec_ops.distributed relies on) also checks the tensors' values (_check_param_values)."""
+    params = tuple(_sampling_param(v, n, batch, device, ref_name, op)
+                   for v, n in zip((temperature, top_k, top_p, min_p), _PARAM_NAMES))
+    if values_checked_here(device) if values is None else values:
+        _check_param_values(params)
+    return params
+
+
+def _check_param_values(params) -> None:
+    """Value checks (CPU tensors) of the sampling parameters in the kernels' dtypes, as the C++ ops do them
+    (check_param_values_cpu; on the GPU the kernels clamp)."""
+    for value, name in zip(params, _PARAM_NAMES):
+        if value is None:
+            continue
+        _, valid, bad_value = _PARAMS[name]
         bad = first_bad(bad_value(value.double() if name != "top_k" else value))
         if bad is not None:
             fail(f"{name}[{bad[0]}] = {value[bad].item()} must be {valid}")
-    return value.to(dtype).contiguous()
-
-
-def _sampling(temperature, top_k, top_p, min_p, batch, device, ref_name):
-    return tuple(_sampling_param(v, n, batch, device, ref_name)
-                 for v, n in ((temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (min_p, "min_p")))
 
 
 def _check_logits(logits, name):
@@ -122,17 +144,151 @@ def _check_logits(logits, name):
         fail(f"{name} must have a non-empty vocab dimension V")
 
 
-def _check_draft_probs(draft_probs, target_logits, shape, shape_str):
-    """draft_probs in the logits' dtype or float32 are read as they are; any other dtype is
-    read as float32 (a copy)."""
+def _check_draft_probs(draft_probs, target_logits, shape, shape_str, op=False):
+    """draft_probs in the logits' dtype or float32 are read as they are; the wrappers read any other
+    dtype as float32 (a copy), the ops refuse it (csrc/logits/logits_op.cpp check_draft)."""
     if draft_probs is None:
         return None
     check_shape(draft_probs, shape, "draft_probs", shape_str)
     check_dtype(draft_probs, PROB_DTYPES, "draft_probs")
     check_device(draft_probs, target_logits.device, "draft_probs", "target_logits")
     if draft_probs.dtype not in (target_logits.dtype, torch.float32):
+        if op:
+            fail(f"draft_probs must be float32 or the dtype of target_logits ({target_logits.dtype}), got "
+                 f"{draft_probs.dtype}")
         draft_probs = draft_probs.float()
     return draft_probs
+
+
+def _check_process(logits, temperature, top_k, top_p, min_p, op=False):
+    """Shapes, dtypes and devices of process_logits' arguments (op=True: the Triton op's, as the C++ op checks
+    them). Returns the parameters (_sampling_param)."""
+    _check_logits(logits, "logits")
+    if logits.dim() < 2:
+        fail(f"logits must be at least 2-D [R, ..., V], got shape {tuple(logits.shape)}")
+    return _sampling(temperature, top_k, top_p, min_p, logits.shape[0], logits.device, "logits", op, values=False)
+
+
+class _Checked(NamedTuple):
+    """The checked arguments of a verification op (what its kernels read) and its sizes."""
+
+    draft_probs: torch.Tensor | None
+    params: tuple  # (temperature, top_k, top_p, min_p)
+    seeds: torch.Tensor
+    offsets: torch.Tensor
+    bonus_token_ids: torch.Tensor | None
+    rates: torch.Tensor | None
+    max_draft: int  # chain: K; tree: N - 1
+    vocab: int
+    total: int  # packed: T, the number of draft tokens (else 0)
+
+
+def _check_rest(target_logits, draft_probs, draft_shape, shape_str, temperature, top_k, top_p, min_p, seeds,
+                offsets, bonus_token_ids, rates, batch, max_draft, total, op) -> _Checked:
+    """The arguments every verification op shares. The wrappers (op=False) normalize them (Python numbers,
+    seeds=None drawn, int32 widened, draft_probs of another dtype read as float32); the Triton ops' impls
+    (op=True) take them as the schema and the C++ ops do (csrc/logits/logits_op.cpp): parameters in the kernels'
+    dtypes, int64 seeds and offsets. Metadata only."""
+    device = target_logits.device
+    draft_probs = _check_draft_probs(draft_probs, target_logits, draft_shape, shape_str, op)
+    rates = check_synthetic_rates(rates, max_draft, device, "target_logits")
+    params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits", op, values=False)
+    seeds, offsets = (check_op_rng if op else rng_inputs)(seeds, offsets, batch, device, "target_logits")
+    return _Checked(draft_probs, params, seeds, offsets, bonus_token_ids, rates, max_draft, target_logits.shape[-1],
+                    total)
+
+
+def _check_padded(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p, min_p,
+                  seeds, offsets, bonus_token_ids, rates, op=False) -> _Checked:
+    """Shapes, dtypes and devices of rejection_sample_logits' arguments (wrapper and, op=True, Triton op)."""
+    check_rank(target_logits, 3, "target_logits", "[B, K+1, V]")
+    _check_logits(target_logits, "target_logits")
+    batch, rows, vocab = target_logits.shape
+    device = target_logits.device
+    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_logits")
+    max_draft = rows - 1
+    if (bonus_token_ids is not None and isinstance(draft_token_ids, torch.Tensor) and draft_token_ids.dim() == 2
+            and draft_token_ids.shape[1] == rows):
+        max_draft = rows  # [B, K, V]: no bonus rows (never read with external bonus tokens)
+    if max_draft < 0:
+        fail(f"target_logits must have K+1 >= 1 rows per request, got shape {list(target_logits.shape)}")
+    if (bonus_token_ids is None and isinstance(draft_token_ids, torch.Tensor) and draft_token_ids.dim() == 2
+            and draft_token_ids.shape[1] == rows):
+        fail(f"target_logits must have K+1 = {rows + 1} rows per request for draft_token_ids [B, K = {rows}] (the "
+             f"bonus rows may be omitted only when bonus_token_ids is given), got shape {list(target_logits.shape)}")
+    check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_logits")
+    check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_logits")
+    return _check_rest(target_logits, draft_probs, (batch, max_draft, vocab), "[B, K, V]", temperature, top_k, top_p,
+                       min_p, seeds, offsets, bonus_token_ids, rates, batch, max_draft, 0, op)
+
+
+def _check_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature, top_k, top_p, min_p,
+                  seeds, offsets, max_num_draft_tokens, bonus_token_ids, rates, op=False) -> _Checked:
+    """Shapes, dtypes and devices of rejection_sample_logits_packed's arguments (as _check_padded);
+    max_num_draft_tokens=None (the wrapper's) reads the largest n_b on the host."""
+    check_rank(target_logits, 2, "target_logits", "[T + B, V]")
+    _check_logits(target_logits, "target_logits")
+    device = target_logits.device
+    batch, total = check_packed_layout(target_logits, "target_logits", cu_num_draft_tokens, draft_token_ids,
+                                       bonus_rows_optional=bonus_token_ids is not None)
+    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_logits")
+    max_draft = packed_max_num_draft_tokens(cu_num_draft_tokens, batch, max_num_draft_tokens)
+    return _check_rest(target_logits, draft_probs, (total, target_logits.shape[1]), "[T, V]", temperature, top_k,
+                       top_p, min_p, seeds, offsets, bonus_token_ids, rates, batch, max_draft, total, op)
+
+
+def _check_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature, top_k, top_p, min_p,
+                seeds, offsets, op=False) -> _Checked:
+    """Shapes, dtypes and devices of tree_rejection_sample_logits' arguments (as _check_padded)."""
+    check_rank(target_logits, 3, "target_logits", "[B, N, V]")
+    _check_logits(target_logits, "target_logits")
+    batch, nodes, vocab = target_logits.shape
+    if nodes < 1:
+        fail(f"target_logits must have N >= 1 nodes (node 0 is the root), got shape {list(target_logits.shape)}")
+    check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, target_logits.device, "target_logits")
+    return _check_rest(target_logits, draft_probs, (batch, nodes, vocab), "[B, N, V]", temperature, top_k, top_p,
+                       min_p, seeds, offsets, None, None, batch, nodes - 1, 0, op)
+
+
+_check_engine_values = check_keyword_values  # (specdec_ops.distributed's name for it)
+
+
+def _check_used_draft_ids(a: _Checked, draft_token_ids, lengths, packed: bool) -> None:
+    """Value check (CPU tensors): the used draft ids lie in the vocabulary. The wrappers' alone: the ops do not
+    check them (the kernels reject such an id; reject_invalid_drafts is no op argument)."""
+    used = (torch.ones_like(draft_token_ids, dtype=torch.bool) if packed
+            else torch.arange(a.max_draft) < lengths[:, None])
+    check_draft_ids(draft_token_ids, used, a.vocab)
+
+
+def _check_chain_values(a: _Checked, draft_token_ids, lengths, packed: bool, draft_ids: bool) -> None:
+    """Value checks (CPU tensors) of a chain op: the parameters, the lengths and the engine keywords, as the C++
+    ops do them (csrc/logits/logits_op.cpp), and with `draft_ids` the used draft ids."""
+    _check_param_values(a.params)
+    if packed:
+        check_cu_values(lengths, a.total, a.max_draft)
+    else:  # the lengths only
+        check_chain_values(draft_token_ids, lengths, a.max_draft, a.vocab, reject_invalid_drafts=True)
+    if draft_ids:
+        _check_used_draft_ids(a, draft_token_ids, lengths, packed)
+    check_keyword_values(a.bonus_token_ids, a.rates, a.vocab)
+
+
+def _wrapper_values(a: _Checked, draft_token_ids, lengths, packed: bool, reject_invalid_drafts: bool,
+                    device: torch.device, backend: str) -> None:
+    """A chain wrapper's value checks (CPU tensors, not while tracing): every value for the reference backend,
+    the draft ids alone for the ops, which check the rest themselves."""
+    draft_ids = not (reject_invalid_drafts or a.rates is not None)
+    if values_checked_here(device, backend):
+        _check_chain_values(a, draft_token_ids, lengths, packed, draft_ids)
+    elif draft_ids and values_checked_here(device):
+        _check_used_draft_ids(a, draft_token_ids, lengths, packed)
+
+
+def _check_tree_values(a: _Checked, tree_token_ids, parents, num_nodes) -> None:
+    """Value checks (CPU tensors) of the tree op, as the C++ op does them: the parameters, then the tree."""
+    _check_param_values(a.params)
+    check_tree_values(tree_token_ids, parents, num_nodes, a.vocab)
 
 
 # The logits ops that have a Triton kernel (specdec::<op>_triton), fixed at import.
@@ -185,16 +341,15 @@ def process_logits(
     >>> probs.shape
     torch.Size([2, 3, 100])
     """
-    _check_logits(logits, "logits")
-    if logits.dim() < 2:
-        fail(f"logits must be at least 2-D [R, ..., V], got shape {tuple(logits.shape)}")
+    params = _check_process(logits, temperature, top_k, top_p, min_p)
     device = logits.device
-    params = _sampling(temperature, top_k, top_p, min_p, logits.shape[0], device, "logits")
     backend = _backend(backend, device, "process_logits")
+    if values_checked_here(device, backend):  # the reference: the C++ op and the Triton impl check their own
+        _check_param_values(params)
     if backend == "reference":
         return reference.process_logits(logits, *params)
     op = torch.ops.specdec.process_logits if backend in ("cpu", "cuda") else torch.ops.specdec.process_logits_triton
-    return op.default(logits, *params)
+    return call_native(op.default, logits, *params)
 
 
 # ---------------------------------------------------------------------------------------------- chain
@@ -204,17 +359,9 @@ def _logprobs_out(logprobs, return_logprobs):
     return logprobs if return_logprobs else None
 
 
-def _check_engine_values(bonus_token_ids, rates, vocab):
-    """CPU value checks of the engine keywords (the GPU clamps the bonus ids and uses the rates as given)."""
-    if bonus_token_ids is not None:
-        check_bonus_values(bonus_token_ids, vocab)
-    if rates is not None:
-        check_synthetic_values(rates)
-
-
-def _engine_args(bonus_token_ids, rates):
+def _engine_args(a):
     """The trailing op arguments of the engine keywords: none when both are off (the schema defaults)."""
-    return () if bonus_token_ids is None and rates is None else (bonus_token_ids, rates)
+    return () if a.bonus_token_ids is None and a.rates is None else (a.bonus_token_ids, a.rates)
 
 
 def rejection_sample_logits(
@@ -289,45 +436,23 @@ def rejection_sample_logits(
     >>> out.logprobs.shape
     torch.Size([2, 4])
     """
-    check_rank(target_logits, 3, "target_logits", "[B, K+1, V]")
-    _check_logits(target_logits, "target_logits")
-    batch, rows, vocab = target_logits.shape
-    device = target_logits.device
     reject_invalid_drafts = check_reject_invalid_drafts(reject_invalid_drafts)
-    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_logits")
-    max_draft = rows - 1
-    if (bonus_token_ids is not None and isinstance(draft_token_ids, torch.Tensor) and draft_token_ids.dim() == 2
-            and draft_token_ids.shape[1] == rows):
-        max_draft = rows  # [B, K, V]: no bonus rows (never read with external bonus tokens)
-    if max_draft < 0:
-        fail(f"target_logits must have K+1 >= 1 rows per request, got shape {list(target_logits.shape)}")
-    if (bonus_token_ids is None and isinstance(draft_token_ids, torch.Tensor) and draft_token_ids.dim() == 2
-            and draft_token_ids.shape[1] == rows):
-        fail(f"target_logits must have K+1 = {rows + 1} rows per request for draft_token_ids [B, K = {rows}] (the "
-             f"bonus rows may be omitted only when bonus_token_ids is given), got shape {list(target_logits.shape)}")
-    check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_logits")
-    check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_logits")
-    draft_probs = _check_draft_probs(draft_probs, target_logits, (batch, max_draft, vocab), "[B, K, V]")
-    rates = check_synthetic_rates(synthetic_acceptance_rates, max_draft, device, "target_logits")
-    params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
-    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
+    a = _check_padded(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p,
+                      min_p, seeds, offsets, bonus_token_ids, synthetic_acceptance_rates)
+    device = target_logits.device
     backend = _backend(backend, device, "rejection_sample_logits")
-
-    if values_checked_here(device):
-        check_chain_values(draft_token_ids, num_draft_tokens, max_draft, vocab,
-                           reject_invalid_drafts=reject_invalid_drafts or rates is not None)
-        _check_engine_values(bonus_token_ids, rates, vocab)
+    _wrapper_values(a, draft_token_ids, num_draft_tokens, False, reject_invalid_drafts, device, backend)
 
     if backend == "reference":
         return LogitsSampleOutput(*reference.rejection_sample_logits(
-            target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature=params[0], top_k=params[1],
-            top_p=params[2], min_p=params[3], seeds=seeds, offsets=offsets, return_logprobs=return_logprobs,
-            bonus_token_ids=bonus_token_ids, synthetic_acceptance_rates=rates))
+            target_logits, draft_token_ids, num_draft_tokens, a.draft_probs, temperature=a.params[0],
+            top_k=a.params[1], top_p=a.params[2], min_p=a.params[3], seeds=a.seeds, offsets=a.offsets,
+            return_logprobs=return_logprobs, bonus_token_ids=a.bonus_token_ids, synthetic_acceptance_rates=a.rates))
     op = (torch.ops.specdec.rejection_sample_logits if backend in ("cpu", "cuda")
           else torch.ops.specdec.rejection_sample_logits_triton)
-    token_ids, num_accepted, logprobs = op.default(target_logits, draft_token_ids, num_draft_tokens, draft_probs,
-                                                   *params, seeds, offsets, bool(return_logprobs),
-                                                   *_engine_args(bonus_token_ids, rates))
+    token_ids, num_accepted, logprobs = call_native(op.default, target_logits, draft_token_ids, num_draft_tokens,
+                                                    a.draft_probs, *a.params, a.seeds, a.offsets,
+                                                    bool(return_logprobs), *_engine_args(a))
     return LogitsSampleOutput(token_ids, num_accepted, _logprobs_out(logprobs, return_logprobs))
 
 
@@ -374,38 +499,24 @@ def rejection_sample_logits_packed(
     LogitsSampleOutput(token_ids int64 [B, K+1], num_accepted int32 [B], logprobs float32 [B, K+1] or None),
     identical to :func:`rejection_sample_logits` on the same requests and seeds.
     """
-    check_rank(target_logits, 2, "target_logits", "[T + B, V]")
-    _check_logits(target_logits, "target_logits")
-    device = target_logits.device
     reject_invalid_drafts = check_reject_invalid_drafts(reject_invalid_drafts)
-    batch, total = check_packed_layout(target_logits, "target_logits", cu_num_draft_tokens, draft_token_ids,
-                                       bonus_rows_optional=bonus_token_ids is not None)
-    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_logits")
-    vocab = target_logits.shape[1]
-    draft_probs = _check_draft_probs(draft_probs, target_logits, (total, vocab), "[T, V]")
-    params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
-    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
-    max_num_draft_tokens = packed_max_num_draft_tokens(cu_num_draft_tokens, batch, max_num_draft_tokens)
-    rates = check_synthetic_rates(synthetic_acceptance_rates, max_num_draft_tokens, device, "target_logits")
+    a = _check_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature, top_k, top_p,
+                      min_p, seeds, offsets, max_num_draft_tokens, bonus_token_ids, synthetic_acceptance_rates)
+    device = target_logits.device
     backend = _backend(backend, device, "rejection_sample_logits_packed")
-
-    if values_checked_here(device):
-        check_cu_values(cu_num_draft_tokens, total, max_num_draft_tokens)
-        if not (reject_invalid_drafts or rates is not None):
-            check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
-        _check_engine_values(bonus_token_ids, rates, vocab)
+    _wrapper_values(a, draft_token_ids, cu_num_draft_tokens, True, reject_invalid_drafts, device, backend)
 
     if backend == "reference":
         return LogitsSampleOutput(*reference.rejection_sample_logits_packed(
-            target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature=params[0],
-            top_k=params[1], top_p=params[2], min_p=params[3], seeds=seeds, offsets=offsets,
-            return_logprobs=return_logprobs, max_num_draft_tokens=max_num_draft_tokens,
-            bonus_token_ids=bonus_token_ids, synthetic_acceptance_rates=rates))
+            target_logits, cu_num_draft_tokens, draft_token_ids, a.draft_probs, temperature=a.params[0],
+            top_k=a.params[1], top_p=a.params[2], min_p=a.params[3], seeds=a.seeds, offsets=a.offsets,
+            return_logprobs=return_logprobs, max_num_draft_tokens=a.max_draft,
+            bonus_token_ids=a.bonus_token_ids, synthetic_acceptance_rates=a.rates))
     op = (torch.ops.specdec.rejection_sample_logits_packed if backend in ("cpu", "cuda")
           else torch.ops.specdec.rejection_sample_logits_packed_triton)
-    token_ids, num_accepted, logprobs = op.default(target_logits, cu_num_draft_tokens, draft_token_ids,
-                                                   draft_probs, *params, seeds, offsets, bool(return_logprobs),
-                                                   max_num_draft_tokens, *_engine_args(bonus_token_ids, rates))
+    token_ids, num_accepted, logprobs = call_native(op.default, target_logits, cu_num_draft_tokens, draft_token_ids,
+                                                    a.draft_probs, *a.params, a.seeds, a.offsets,
+                                                    bool(return_logprobs), a.max_draft, *_engine_args(a))
     return LogitsSampleOutput(token_ids, num_accepted, _logprobs_out(logprobs, return_logprobs))
 
 
@@ -454,29 +565,23 @@ def tree_rejection_sample_logits(
         As tree_rejection_sample; logprobs[b, i] is the log-probability of token_ids[b, i] under the
         processed distribution of node accepted_path[b, i] (the node that emitted it); NaN at padding.
     """
-    check_rank(target_logits, 3, "target_logits", "[B, N, V]")
-    _check_logits(target_logits, "target_logits")
-    batch, nodes, vocab = target_logits.shape
-    if nodes < 1:
-        fail(f"target_logits must have N >= 1 nodes (node 0 is the root), got shape {list(target_logits.shape)}")
+    a = _check_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature, top_k, top_p, min_p,
+                    seeds, offsets)
     device = target_logits.device
-    check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "target_logits")
-    draft_probs = _check_draft_probs(draft_probs, target_logits, (batch, nodes, vocab), "[B, N, V]")
-    params = _sampling(temperature, top_k, top_p, min_p, batch, device, "target_logits")
-    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_logits")
     backend = _backend(backend, device, "tree_rejection_sample_logits")
 
-    if values_checked_here(device):
-        check_tree_values(tree_token_ids, parents, num_nodes, vocab)
+    if values_checked_here(device, backend):  # the reference: the C++ op and the Triton impl check their own
+        _check_tree_values(a, tree_token_ids, parents, num_nodes)
 
     if backend == "reference":
         return LogitsTreeSampleOutput(*reference.tree_rejection_sample_logits(
-            target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature=params[0], top_k=params[1],
-            top_p=params[2], min_p=params[3], seeds=seeds, offsets=offsets, return_logprobs=return_logprobs))
+            target_logits, tree_token_ids, parents, num_nodes, a.draft_probs, temperature=a.params[0],
+            top_k=a.params[1], top_p=a.params[2], min_p=a.params[3], seeds=a.seeds, offsets=a.offsets,
+            return_logprobs=return_logprobs))
     op = (torch.ops.specdec.tree_rejection_sample_logits if backend in ("cpu", "cuda")
           else torch.ops.specdec.tree_rejection_sample_logits_triton)
-    token_ids, accepted_path, num_accepted, logprobs = op.default(
-        target_logits, tree_token_ids, parents, num_nodes, draft_probs, *params, seeds, offsets,
+    token_ids, accepted_path, num_accepted, logprobs = call_native(
+        op.default, target_logits, tree_token_ids, parents, num_nodes, a.draft_probs, *a.params, a.seeds, a.offsets,
         bool(return_logprobs))
     return LogitsTreeSampleOutput(token_ids, accepted_path, num_accepted, _logprobs_out(logprobs, return_logprobs))
 
@@ -550,8 +655,13 @@ def _param_ptrs(ref, params):
 
 
 def _triton_process(logits, temperature, top_k, top_p, min_p):
+    """specdec::process_logits_triton: the C++ op's checks (shapes, dtypes and devices always; the parameters'
+    values on CPU tensors), then the launch."""
     from .triton_kernels.logits import process_logits_kernel
 
+    params = _check_process(logits, temperature, top_k, top_p, min_p, op=True)
+    if impl_checks_values(logits.device):
+        _check_param_values(params)
     x = logits.contiguous()
     probs = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     if x.numel() == 0:
@@ -776,33 +886,49 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
 
 def _triton_padded(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p, min_p,
                    seeds, offsets, return_logprobs, bonus_token_ids=None, synthetic_acceptance_rates=None):
-    # [B, K, V] (no bonus rows) only with external bonus tokens; the wrapper checked the shapes.
-    max_draft = draft_token_ids.shape[1]
+    """specdec::rejection_sample_logits_triton: the C++ op's checks (shapes, dtypes and devices always; on CPU
+    tensors the values of the parameters, lengths and engine keywords, not the draft ids: the kernel rejects an
+    id outside the vocabulary), then the launch. [B, K, V] (no bonus rows) only with external bonus tokens."""
+    a = _check_padded(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p,
+                      min_p, seeds, offsets, bonus_token_ids, synthetic_acceptance_rates, op=True)
+    if impl_checks_values(target_logits.device):
+        _check_chain_values(a, draft_token_ids, num_draft_tokens, packed=False, draft_ids=False)
     return _launch_chain(target_logits, draft_token_ids, num_draft_tokens, draft_probs,
                          (temperature, top_k, top_p, min_p), seeds, offsets, return_logprobs,
-                         target_logits.shape[0], max_draft, packed=False,
-                         bonus_rows=target_logits.shape[1] == max_draft + 1, bonus_token_ids=bonus_token_ids,
-                         rates=synthetic_acceptance_rates)
+                         target_logits.shape[0], a.max_draft, packed=False,
+                         bonus_rows=target_logits.shape[1] == a.max_draft + 1, bonus_token_ids=a.bonus_token_ids,
+                         rates=a.rates)
 
 
 def _triton_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature, top_k, top_p,
                    min_p, seeds, offsets, return_logprobs, max_num_draft_tokens, bonus_token_ids=None,
                    synthetic_acceptance_rates=None):
+    """specdec::rejection_sample_logits_packed_triton: the C++ op's checks (as _triton_padded), then the launch."""
+    a = _check_packed(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs, temperature, top_k, top_p,
+                      min_p, seeds, offsets, max_num_draft_tokens, bonus_token_ids, synthetic_acceptance_rates,
+                      op=True)
+    if impl_checks_values(target_logits.device):
+        _check_chain_values(a, draft_token_ids, cu_num_draft_tokens, packed=True, draft_ids=False)
     batch = cu_num_draft_tokens.shape[0] - 1
     return _launch_chain(target_logits, draft_token_ids, cu_num_draft_tokens, draft_probs,
                          (temperature, top_k, top_p, min_p), seeds, offsets, return_logprobs,
-                         batch, max_num_draft_tokens, packed=True,
-                         bonus_rows=target_logits.shape[0] == draft_token_ids.shape[0] + batch,
-                         bonus_token_ids=bonus_token_ids, rates=synthetic_acceptance_rates)
+                         batch, a.max_draft, packed=True, bonus_rows=target_logits.shape[0] == a.total + batch,
+                         bonus_token_ids=a.bonus_token_ids, rates=a.rates)
 
 
 def _triton_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature, top_k, top_p, min_p,
                  seeds, offsets, return_logprobs, chunk=None, block=None, radix_block=None):
-    """Every node's row statistics first, from the split kernels over the B x N rows (_split_rows: the partials
-    and, with filter tensors, the radix passes of all rows in parallel); then one program per request walks its
-    tree, combining a node's statistics where it enters the node."""
+    """specdec::tree_rejection_sample_logits_triton: the C++ op's checks (shapes, dtypes and devices always; the
+    parameters' and the tree's values on CPU tensors), then every node's row statistics from the split kernels
+    over the B x N rows (_split_rows: the partials and, with filter tensors, the radix passes of all rows in
+    parallel); then one program per request walks its tree, combining a node's statistics where it enters the
+    node. chunk, block and radix_block override the split sizes (tests)."""
     from .triton_kernels.logits import tree_rejection_sample_logits_kernel
 
+    a = _check_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, temperature, top_k, top_p, min_p,
+                    seeds, offsets, op=True)
+    if impl_checks_values(target_logits.device):
+        _check_tree_values(a, tree_token_ids, parents, num_nodes)
     batch, nodes, vocab = target_logits.shape
     token_ids = target_logits.new_empty((batch, nodes), dtype=torch.int64)
     accepted_path = target_logits.new_empty((batch, nodes), dtype=torch.int32)

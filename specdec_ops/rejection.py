@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from typing import NamedTuple
+
 from . import _ops, reference
-from ._backend import next_pow2, num_sms, resolve_backend, triton_interpreting, values_checked_here
-from ._checks import (call_native, check_bonus_token_ids, check_bonus_values, check_chain_values, check_cu_values,
-                      check_draft_ids, check_greedy, check_index_tensor, check_packed_layout, check_probs, check_rank,
-                      check_reject_invalid_drafts, check_synthetic_rates, check_synthetic_values, fail,
+from ._backend import (impl_checks_values, next_pow2, num_sms, resolve_backend, triton_interpreting,
+                       values_checked_here)
+from ._checks import (call_native, check_bonus_token_ids, check_chain_values, check_cu_values, check_draft_ids,
+                      check_greedy, check_index_tensor, check_keyword_values, check_op_rng, check_packed_layout,
+                      check_probs, check_rank, check_reject_invalid_drafts, check_synthetic_rates, fail,
                       packed_max_num_draft_tokens, rng_inputs)
 from .types import SampleOutput
 
@@ -23,12 +26,88 @@ __all__ = ["rejection_sample", "rejection_sample_packed"]
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def _check_keyword_values(bonus_token_ids, synthetic_acceptance_rates, vocab):
-    """Value checks (CPU tensors) of the engine keywords."""
-    if bonus_token_ids is not None:
-        check_bonus_values(bonus_token_ids, vocab)
-    if synthetic_acceptance_rates is not None:
-        check_synthetic_values(synthetic_acceptance_rates)
+class _Checked(NamedTuple):
+    """The checked arguments of a chain op (what its kernels read) and its sizes."""
+
+    target_probs: torch.Tensor
+    draft_probs: torch.Tensor | None
+    seeds: torch.Tensor
+    offsets: torch.Tensor
+    greedy: torch.Tensor | None
+    bonus_token_ids: torch.Tensor | None
+    reject_invalid_drafts: bool
+    rates: torch.Tensor | None
+    max_draft: int
+    vocab: int
+    total: int  # packed: T, the number of draft tokens (padded: 0)
+
+
+def _check_rest(target_probs, draft_probs, draft_shape, shape_str, seeds, offsets, greedy, bonus_token_ids,
+                reject_invalid_drafts, synthetic_acceptance_rates, batch, max_draft, total, op) -> _Checked:
+    """The arguments both layouts share. The wrapper (op=False) normalizes them: seeds=None drawn, int32
+    seeds and offsets widened, draft_probs of another dtype than target_probs' read as float32 (copies). The
+    Triton ops' impls (op=True) take them as the schema and the C++ ops do (csrc/rejection/rejection_op.cpp
+    check_common): int64 seeds and offsets, draft_probs in target_probs' dtype. Metadata only."""
+    device = target_probs.device
+    target_probs, draft_probs = check_probs(target_probs, draft_probs, draft_shape, shape_str, same_dtype=op)
+    seeds, offsets = (check_op_rng if op else rng_inputs)(seeds, offsets, batch, device, "target_probs")
+    return _Checked(target_probs, draft_probs, seeds, offsets, check_greedy(greedy, batch, device, "target_probs"),
+                    bonus_token_ids, check_reject_invalid_drafts(reject_invalid_drafts),
+                    check_synthetic_rates(synthetic_acceptance_rates, max_draft, device, "target_probs"),
+                    max_draft, target_probs.shape[-1], total)
+
+
+def _check_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
+                  bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates, op=False) -> _Checked:
+    """Shapes, dtypes and devices of rejection_sample's arguments, for the wrapper and (op=True) the Triton
+    op's impl: _check_rest."""
+    check_rank(target_probs, 3, "target_probs", "[B, K+1, V]")
+    batch, rows, vocab = target_probs.shape
+    device = target_probs.device
+    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_probs")
+    if bonus_token_ids is None:
+        if rows < 1:
+            fail(f"target_probs must have K+1 >= 1 rows per request, got shape {list(target_probs.shape)}")
+        max_draft = rows - 1
+    else:  # K from the drafts: the bonus rows are never read, so the target may omit them
+        check_rank(draft_token_ids, 2, "draft_token_ids", "[B, K]")
+        max_draft = draft_token_ids.shape[1]
+        if rows not in (max_draft, max_draft + 1):
+            fail(f"target_probs must have K+1 = {max_draft + 1} or K = {max_draft} rows per request when "
+                 f"bonus_token_ids is given (K = draft_token_ids.shape[1]), got shape {list(target_probs.shape)}")
+    check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_probs")
+    check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_probs")
+    return _check_rest(target_probs, draft_probs, (batch, max_draft, vocab), "[B, K, V]", seeds, offsets, greedy,
+                       bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates, batch, max_draft, 0, op)
+
+
+def _check_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds, offsets, greedy,
+                  max_num_draft_tokens, bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates,
+                  op=False) -> _Checked:
+    """Shapes, dtypes and devices of rejection_sample_packed's arguments (as _check_padded);
+    max_num_draft_tokens=None (the wrapper's) reads the largest n_b on the host."""
+    check_rank(target_probs, 2, "target_probs", "[T + B, V]")
+    device = target_probs.device
+    batch, total = check_packed_layout(target_probs, "target_probs", cu_num_draft_tokens, draft_token_ids,
+                                       bonus_rows_optional=bonus_token_ids is not None)
+    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_probs")
+    max_draft = packed_max_num_draft_tokens(cu_num_draft_tokens, batch, max_num_draft_tokens)
+    return _check_rest(target_probs, draft_probs, (total, target_probs.shape[1]), "[T, V]", seeds, offsets, greedy,
+                       bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates, batch, max_draft, total,
+                       op)
+
+
+def _check_values(a: _Checked, draft_token_ids, lengths, packed: bool) -> None:
+    """Value checks (CPU tensors) of a chain op, as the C++ op does them (check_values_cpu): the lengths, the
+    used draft ids (unless reject_invalid_drafts or synthetic rates), the bonus ids and the rates."""
+    skip_ids = a.reject_invalid_drafts or a.rates is not None
+    if packed:
+        check_cu_values(lengths, a.total, a.max_draft)
+        if not skip_ids:
+            check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), a.vocab)
+    else:
+        check_chain_values(draft_token_ids, lengths, a.max_draft, a.vocab, reject_invalid_drafts=skip_ids)
+    check_keyword_values(a.bonus_token_ids, a.rates, a.vocab)
 
 
 # ---------------------------------------------------------------------------------------------- padded
@@ -118,44 +197,25 @@ def rejection_sample(
     >>> out.token_ids.shape
     torch.Size([2, 4])
     """
-    check_rank(target_probs, 3, "target_probs", "[B, K+1, V]")
-    batch, rows, vocab = target_probs.shape
+    a = _check_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
+                      bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates)
     device = target_probs.device
-    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_probs")
-    if bonus_token_ids is None:
-        if rows < 1:
-            fail(f"target_probs must have K+1 >= 1 rows per request, got shape {list(target_probs.shape)}")
-        max_draft = rows - 1
-    else:  # K from the drafts: the bonus rows are never read, so the target may omit them
-        check_rank(draft_token_ids, 2, "draft_token_ids", "[B, K]")
-        max_draft = draft_token_ids.shape[1]
-        if rows not in (max_draft, max_draft + 1):
-            fail(f"target_probs must have K+1 = {max_draft + 1} or K = {max_draft} rows per request when "
-                 f"bonus_token_ids is given (K = draft_token_ids.shape[1]), got shape {list(target_probs.shape)}")
-    check_index_tensor(draft_token_ids, (batch, max_draft), "draft_token_ids", "[B, K]", device, "target_probs")
-    check_index_tensor(num_draft_tokens, (batch,), "num_draft_tokens", "[B]", device, "target_probs")
-    target_probs, draft_probs = check_probs(target_probs, draft_probs, (batch, max_draft, vocab), "[B, K, V]")
-    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
-    greedy = check_greedy(greedy, batch, device, "target_probs")
-    reject_invalid_drafts = check_reject_invalid_drafts(reject_invalid_drafts)
-    rates = check_synthetic_rates(synthetic_acceptance_rates, max_draft, device, "target_probs")
     backend = resolve_backend(backend, device, "rejection_sample", native_op="rejection_sample",
                               triton_op="rejection_sample_triton")
 
-    if values_checked_here(device, backend):
-        check_chain_values(draft_token_ids, num_draft_tokens, max_draft, vocab,
-                           reject_invalid_drafts=reject_invalid_drafts or rates is not None)
-        _check_keyword_values(bonus_token_ids, rates, vocab)
+    if values_checked_here(device, backend):  # the reference: the C++ op and the Triton impl check their own
+        _check_values(a, draft_token_ids, num_draft_tokens, packed=False)
 
     if backend == "reference":
-        return reference.rejection_sample(target_probs, draft_token_ids, num_draft_tokens, draft_probs,
-                                          seeds=seeds, offsets=offsets, greedy=greedy,
-                                          bonus_token_ids=bonus_token_ids,
-                                          reject_invalid_drafts=reject_invalid_drafts,
-                                          synthetic_acceptance_rates=rates)
+        return reference.rejection_sample(a.target_probs, draft_token_ids, num_draft_tokens, a.draft_probs,
+                                          seeds=a.seeds, offsets=a.offsets, greedy=a.greedy,
+                                          bonus_token_ids=a.bonus_token_ids,
+                                          reject_invalid_drafts=a.reject_invalid_drafts,
+                                          synthetic_acceptance_rates=a.rates)
     op = torch.ops.specdec.rejection_sample if backend in ("cpu", "cuda") else torch.ops.specdec.rejection_sample_triton
-    token_ids, num_accepted = call_native(op.default, target_probs, draft_token_ids, num_draft_tokens, draft_probs,
-                                          seeds, offsets, greedy, bonus_token_ids, reject_invalid_drafts, rates)
+    token_ids, num_accepted = call_native(op.default, a.target_probs, draft_token_ids, num_draft_tokens, a.draft_probs,
+                                          a.seeds, a.offsets, a.greedy, a.bonus_token_ids, a.reject_invalid_drafts,
+                                          a.rates)
     return SampleOutput(token_ids, num_accepted)
 
 
@@ -201,39 +261,27 @@ def rejection_sample_packed(
     SampleOutput(token_ids int64 [B, K+1], num_accepted int32 [B]), -1 padded.
     Identical to :func:`rejection_sample` on the same requests and seeds.
     """
-    check_rank(target_probs, 2, "target_probs", "[T + B, V]")
+    a = _check_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds, offsets, greedy,
+                      max_num_draft_tokens, bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates)
     device = target_probs.device
-    batch, total = check_packed_layout(target_probs, "target_probs", cu_num_draft_tokens, draft_token_ids,
-                                       bonus_rows_optional=bonus_token_ids is not None)
-    bonus_token_ids = check_bonus_token_ids(bonus_token_ids, batch, device, "target_probs")
-    vocab = target_probs.shape[1]
-    target_probs, draft_probs = check_probs(target_probs, draft_probs, (total, vocab), "[T, V]")
-    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
-    greedy = check_greedy(greedy, batch, device, "target_probs")
-    max_num_draft_tokens = packed_max_num_draft_tokens(cu_num_draft_tokens, batch, max_num_draft_tokens)
-    reject_invalid_drafts = check_reject_invalid_drafts(reject_invalid_drafts)
-    rates = check_synthetic_rates(synthetic_acceptance_rates, max_num_draft_tokens, device, "target_probs")
     backend = resolve_backend(backend, device, "rejection_sample_packed", native_op="rejection_sample_packed",
                               triton_op="rejection_sample_packed_triton")
 
     if values_checked_here(device, backend):
-        check_cu_values(cu_num_draft_tokens, total, max_num_draft_tokens)
-        if not (reject_invalid_drafts or rates is not None):
-            check_draft_ids(draft_token_ids, torch.ones_like(draft_token_ids, dtype=torch.bool), vocab)
-        _check_keyword_values(bonus_token_ids, rates, vocab)
+        _check_values(a, draft_token_ids, cu_num_draft_tokens, packed=True)
 
     if backend == "reference":
-        return reference.rejection_sample_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs,
-                                                 seeds=seeds, offsets=offsets, greedy=greedy,
-                                                 max_num_draft_tokens=max_num_draft_tokens,
-                                                 bonus_token_ids=bonus_token_ids,
-                                                 reject_invalid_drafts=reject_invalid_drafts,
-                                                 synthetic_acceptance_rates=rates)
+        return reference.rejection_sample_packed(a.target_probs, cu_num_draft_tokens, draft_token_ids, a.draft_probs,
+                                                 seeds=a.seeds, offsets=a.offsets, greedy=a.greedy,
+                                                 max_num_draft_tokens=a.max_draft,
+                                                 bonus_token_ids=a.bonus_token_ids,
+                                                 reject_invalid_drafts=a.reject_invalid_drafts,
+                                                 synthetic_acceptance_rates=a.rates)
     op = (torch.ops.specdec.rejection_sample_packed if backend in ("cpu", "cuda")
           else torch.ops.specdec.rejection_sample_packed_triton)
-    token_ids, num_accepted = call_native(op.default, target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs,
-                                          seeds, offsets, greedy, max_num_draft_tokens, bonus_token_ids,
-                                          reject_invalid_drafts, rates)
+    token_ids, num_accepted = call_native(op.default, a.target_probs, cu_num_draft_tokens, draft_token_ids,
+                                          a.draft_probs, a.seeds, a.offsets, a.greedy, a.max_draft,
+                                          a.bonus_token_ids, a.reject_invalid_drafts, a.rates)
     return SampleOutput(token_ids, num_accepted)
 
 
@@ -342,23 +390,31 @@ def _launch_triton(target_probs, draft_token_ids, lengths, draft_probs, seeds, o
 
 def _triton_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
                    bonus_token_ids=None, reject_invalid_drafts=False, synthetic_acceptance_rates=None, **launch):
-    # The kernel rejects an id outside the vocabulary wherever it is (reject_invalid_drafts only
-    # governs the wrapper's value check on CPU tensors).
-    max_draft = draft_token_ids.shape[1]
+    """specdec::rejection_sample_triton: the C++ op's checks (shapes, dtypes and devices always; index values on
+    CPU tensors: _check_values), then the launch. On the GPU the kernel rejects an id outside the vocabulary
+    wherever it is, whatever reject_invalid_drafts says (it only governs the CPU value check)."""
+    a = _check_padded(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
+                      bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates, op=True)
+    if impl_checks_values(target_probs.device):
+        _check_values(a, draft_token_ids, num_draft_tokens, packed=False)
     return _launch_triton(target_probs, draft_token_ids, num_draft_tokens, draft_probs, seeds, offsets, greedy,
-                          bonus_token_ids, synthetic_acceptance_rates, target_probs.shape[0], max_draft,
-                          packed=False,
-                          bonus_rows=bonus_token_ids is None or target_probs.shape[1] == max_draft + 1, **launch)
+                          a.bonus_token_ids, a.rates, target_probs.shape[0], a.max_draft, packed=False,
+                          bonus_rows=a.bonus_token_ids is None or target_probs.shape[1] == a.max_draft + 1, **launch)
 
 
 def _triton_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds, offsets, greedy,
                    max_num_draft_tokens, bonus_token_ids=None, reject_invalid_drafts=False,
                    synthetic_acceptance_rates=None, **launch):
+    """specdec::rejection_sample_packed_triton: the C++ op's checks (as _triton_padded), then the launch."""
+    a = _check_packed(target_probs, cu_num_draft_tokens, draft_token_ids, draft_probs, seeds, offsets, greedy,
+                      max_num_draft_tokens, bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates,
+                      op=True)
+    if impl_checks_values(target_probs.device):
+        _check_values(a, draft_token_ids, cu_num_draft_tokens, packed=True)
     batch = cu_num_draft_tokens.shape[0] - 1
-    bonus_rows = bonus_token_ids is None or target_probs.shape[0] == draft_token_ids.shape[0] + batch
     return _launch_triton(target_probs, draft_token_ids, cu_num_draft_tokens, draft_probs, seeds, offsets, greedy,
-                          bonus_token_ids, synthetic_acceptance_rates, batch, max_num_draft_tokens, packed=True,
-                          bonus_rows=bonus_rows, **launch)
+                          a.bonus_token_ids, a.rates, batch, a.max_draft, packed=True,
+                          bonus_rows=target_probs.shape[0] == a.total + batch, **launch)
 
 
 if _ops.native_loaded():

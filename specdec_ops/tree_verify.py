@@ -9,12 +9,30 @@ from __future__ import annotations
 import torch
 
 from . import _ops, reference
-from ._backend import next_pow2, resolve_backend, values_checked_here
-from ._checks import (call_native, check_greedy, check_probs, check_rank, check_tree_inputs, check_tree_values, fail,
-                      rng_inputs)
+from ._backend import impl_checks_values, next_pow2, resolve_backend, values_checked_here
+from ._checks import (call_native, check_greedy, check_op_rng, check_probs, check_rank, check_tree_inputs,
+                      check_tree_values, fail, rng_inputs)
 from .types import TreeSampleOutput
 
 __all__ = ["tree_rejection_sample"]
+
+
+def _check_args(target_probs, tree_token_ids, parents, num_nodes, draft_probs, seeds, offsets, greedy, op=False):
+    """Shapes, dtypes and devices of tree_rejection_sample's arguments, as the C++ op checks them
+    (csrc/tree_verify/tree_verify_op.cpp check_args); metadata only. Returns (target_probs, draft_probs, seeds,
+    offsets, greedy). The wrapper (op=False) normalizes (seeds=None drawn, int32 widened, draft_probs of another
+    dtype read as float32); the Triton op's impl (op=True) takes the schema's: int64 seeds and offsets,
+    draft_probs in target_probs' dtype."""
+    check_rank(target_probs, 3, "target_probs", "[B, N, V]")
+    batch, nodes, vocab = target_probs.shape
+    if nodes < 1:
+        fail(f"target_probs must have N >= 1 nodes (node 0 is the root), got shape {list(target_probs.shape)}")
+    target_probs, draft_probs = check_probs(target_probs, draft_probs, (batch, nodes, vocab), "[B, N, V]",
+                                            same_dtype=op)
+    device = target_probs.device
+    check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "target_probs")
+    seeds, offsets = (check_op_rng if op else rng_inputs)(seeds, offsets, batch, device, "target_probs")
+    return target_probs, draft_probs, seeds, offsets, check_greedy(greedy, batch, device, "target_probs")
 
 
 def tree_rejection_sample(
@@ -97,20 +115,14 @@ def tree_rejection_sample(
     >>> out.accepted_path.shape, out.token_ids.shape
     (torch.Size([1, 4]), torch.Size([1, 4]))
     """
-    check_rank(target_probs, 3, "target_probs", "[B, N, V]")
-    batch, nodes, vocab = target_probs.shape
-    if nodes < 1:
-        fail(f"target_probs must have N >= 1 nodes (node 0 is the root), got shape {list(target_probs.shape)}")
-    target_probs, draft_probs = check_probs(target_probs, draft_probs, (batch, nodes, vocab), "[B, N, V]")
+    target_probs, draft_probs, seeds, offsets, greedy = _check_args(target_probs, tree_token_ids, parents, num_nodes,
+                                                                    draft_probs, seeds, offsets, greedy)
     device = target_probs.device
-    check_tree_inputs(tree_token_ids, parents, num_nodes, batch, nodes, device, "target_probs")
-    seeds, offsets = rng_inputs(seeds, offsets, batch, device, "target_probs")
-    greedy = check_greedy(greedy, batch, device, "target_probs")
     backend = resolve_backend(backend, device, "tree_rejection_sample", native_op="tree_rejection_sample",
                               triton_op="tree_rejection_sample_triton")
 
-    if values_checked_here(device, backend):
-        check_tree_values(tree_token_ids, parents, num_nodes, vocab)
+    if values_checked_here(device, backend):  # the reference: the C++ op and the Triton impl check their own
+        check_tree_values(tree_token_ids, parents, num_nodes, target_probs.shape[2])
 
     if backend == "reference":
         return reference.tree_rejection_sample(target_probs, tree_token_ids, parents, num_nodes, draft_probs,
@@ -187,9 +199,14 @@ def _tree_layout(batch, vocab, device, parts=None, block=None, vblock=None, chun
 
 
 def _triton_tree(target_probs, tree_token_ids, parents, num_nodes, draft_probs, seeds, offsets, greedy, **layout):
-    """Launch of triton_kernels/tree_verify.py; `layout` (parts, block, vblock, chunk, unroll) overrides
-    _tree_layout's choice (tests)."""
+    """specdec::tree_rejection_sample_triton: the C++ op's checks (shapes, dtypes and devices always; the tree's
+    values on CPU tensors), then the launch of triton_kernels/tree_verify.py; `layout` (parts, block, vblock,
+    chunk, unroll) overrides _tree_layout's choice (tests)."""
     from .triton_kernels.tree_verify import tree_verify_kernel
+
+    _check_args(target_probs, tree_token_ids, parents, num_nodes, draft_probs, seeds, offsets, greedy, op=True)
+    if impl_checks_values(target_probs.device):
+        check_tree_values(tree_token_ids, parents, num_nodes, target_probs.shape[2])
 
     token_ids, accepted_path, num_accepted = _fake_outputs(target_probs)
     batch, nodes, vocab = target_probs.shape

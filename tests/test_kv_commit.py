@@ -11,6 +11,7 @@ import torch
 
 import specdec_ops
 from specdec_ops import reference
+from specdec_ops._backend import gpu_value_rules
 from conftest import HAS_TRITON, compile_ahead_of_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -224,7 +225,8 @@ def test_triton_kernel_ends_path_at_first_bad_entry(layout):
     expected = [c.clone() for c in caches]
     expected_lens = seq_lens.clone()
     reference.kv_commit(expected, expected_lens, path, block_table=table)
-    torch.ops.specdec.kv_commit_triton.default(caches, seq_lens, path, table)
+    with gpu_value_rules():  # the kernel's GPU behaviour (the impl checks values on CPU tensors)
+        torch.ops.specdec.kv_commit_triton.default(caches, seq_lens, path, table)
     assert torch.equal(seq_lens, expected_lens)
     for c, e in zip(caches, expected):
         assert torch.equal(bits(c), bits(e))
@@ -244,7 +246,8 @@ def test_fully_accepted_chain_paged_with_unallocated_blocks_moves_nothing(cpu_ba
         specdec_ops.kv_commit(caches, seq_lens, path, block_table=table, backend=cpu_backend)
     assert torch.equal(seq_lens, lens_before)
     if cpu_backend == "triton":  # the GPU rule, in the interpreter: the path just ends
-        torch.ops.specdec.kv_commit_triton.default(caches, seq_lens, path, table)
+        with gpu_value_rules():  # the kernel's GPU behaviour (the impl checks values on CPU tensors)
+            torch.ops.specdec.kv_commit_triton.default(caches, seq_lens, path, table)
         assert seq_lens.tolist() == [8, 4, 6]
     for c, b in zip(caches, before):
         assert torch.equal(bits(c), b)
@@ -411,7 +414,8 @@ def test_seq_lens_never_wrap_past_int32(cpu_backend):
     assert seq_lens.tolist() == [top, 7]
     if cpu_backend == "triton":  # the GPU rule: the path ends at the int32 bound
         seq_lens = torch.tensor([top - 3], dtype=torch.int32)
-        torch.ops.specdec.kv_commit_triton.default([], seq_lens, torch.tensor([[0, 1, 2, 3, 4]]), None)
+        with gpu_value_rules():  # the kernel's GPU behaviour (the impl checks values on CPU tensors)
+            torch.ops.specdec.kv_commit_triton.default([], seq_lens, torch.tensor([[0, 1, 2, 3, 4]]), None)
         assert seq_lens.tolist() == [top]
 
 

@@ -8,6 +8,7 @@ import torch
 
 import specdec_ops
 from specdec_ops import reference
+from specdec_ops._backend import gpu_value_rules
 from specdec_ops._checks import BackendUnavailableError, rng_inputs
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -609,16 +610,18 @@ def test_bonus_rows_omitted_need_bonus_token_ids():
 
 def test_gpu_clamps_bonus_ids_on_the_triton_kernel():
     # On the GPU bad bonus ids are clamped into [0, V-1] (no host sync); the Triton kernel does it, shown
-    # here by launching it directly under the interpreter (the CPU wrappers check the values instead).
+    # here by launching it directly under the interpreter inside gpu_value_rules() (on CPU tensors the op
+    # checks the values instead).
     if not HAS_TRITON:
         pytest.skip("triton not installed")
     from specdec_ops.rejection import _triton_padded
     args = _accepting_batch(batch=4, seed=23)
     args["num_draft_tokens"] = torch.tensor([0, 0, 2, 0])
     bonus = torch.tensor([-5, 40, 7, 10**9])
-    token_ids, num_accepted = _triton_padded(args["target_probs"], args["draft_token_ids"],
-                                             args["num_draft_tokens"], args["draft_probs"], args["seeds"],
-                                             args["offsets"], None, bonus)
+    with gpu_value_rules():
+        token_ids, num_accepted = _triton_padded(args["target_probs"], args["draft_token_ids"],
+                                                 args["num_draft_tokens"], args["draft_probs"], args["seeds"],
+                                                 args["offsets"], None, bonus)
     assert token_ids[:, 0].tolist()[0] == 0 and token_ids[1, 0] == 39 and token_ids[3, 0] == 39
     assert int(num_accepted[2]) == 2 and token_ids[2, 2] == 7
 
@@ -815,23 +818,23 @@ needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 
 
 def split_call(args, parts, greedy=None, block=SPLIT_BLOCK, while_loops=None, bonus_token_ids=None,
-               synthetic_acceptance_rates=None):
+               synthetic_acceptance_rates=None, reject_invalid_drafts=False):
     """The Triton op's implementation on `parts` programs per request (padded layout)."""
     from specdec_ops.rejection import _triton_padded
     from specdec_ops.types import SampleOutput
     return SampleOutput(*_triton_padded(args["target_probs"], args["draft_token_ids"], args["num_draft_tokens"],
                                         args["draft_probs"], args["seeds"], args["offsets"], greedy,
-                                        bonus_token_ids, False, synthetic_acceptance_rates, parts=parts,
-                                        block=block, while_loops=while_loops))
+                                        bonus_token_ids, reject_invalid_drafts, synthetic_acceptance_rates,
+                                        parts=parts, block=block, while_loops=while_loops))
 
 
 def split_call_packed(packed, k, parts, greedy=None, block=SPLIT_BLOCK, bonus_token_ids=None,
-                      synthetic_acceptance_rates=None):
+                      synthetic_acceptance_rates=None, reject_invalid_drafts=False):
     from specdec_ops.rejection import _triton_packed
     from specdec_ops.types import SampleOutput
     return SampleOutput(*_triton_packed(packed["target_probs"], packed["cu_num_draft_tokens"],
                                         packed["draft_token_ids"], packed["draft_probs"], packed["seeds"],
-                                        packed["offsets"], greedy, k, bonus_token_ids, False,
+                                        packed["offsets"], greedy, k, bonus_token_ids, reject_invalid_drafts,
                                         synthetic_acceptance_rates, parts=parts, block=block))
 
 
@@ -1028,12 +1031,13 @@ def test_split_packed_layout_and_keywords(draft_probs):
                dict(bonus_token_ids=bonus, synthetic_acceptance_rates=rates)):
         want = call(dict(args, reject_invalid_drafts=True, **kw), "reference", greedy)
         for parts in ((2, 3) if not kw else (3,)):  # 3: slices of unequal length
-            assert_same(split_call(args, parts, greedy, **kw), want)
-            assert_same(split_call_packed(packed, 4, parts, greedy, **kw), want)
+            op_kw = dict(kw, reject_invalid_drafts=True)  # the -1 and V placeholders
+            assert_same(split_call(args, parts, greedy, **op_kw), want)
+            assert_same(split_call_packed(packed, 4, parts, greedy, **op_kw), want)
             if "bonus_token_ids" in kw:  # the bonus rows omitted in both layouts
                 short = dict(args, target_probs=args["target_probs"][:, :4].contiguous())
-                assert_same(split_call(short, parts, greedy, **kw), want)
-                assert_same(split_call_packed(dict(packed, target_probs=rows), 4, parts, greedy, **kw), want)
+                assert_same(split_call(short, parts, greedy, **op_kw), want)
+                assert_same(split_call_packed(dict(packed, target_probs=rows), 4, parts, greedy, **op_kw), want)
 
 
 @pytest.mark.parametrize("field,value,match", [

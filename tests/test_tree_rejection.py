@@ -12,6 +12,7 @@ from scipy import stats
 
 import specdec_ops
 from specdec_ops import reference
+from specdec_ops._backend import gpu_value_rules
 from specdec_ops._checks import BackendUnavailableError
 from conftest import compile_ahead_of_time
 
@@ -451,9 +452,9 @@ def test_chain_shaped_tree_equals_rejection_sample(cpu_backend, draft):
 
 
 def test_bad_values_get_the_gpu_behaviour_in_triton_and_reference():
-    """Called as ops (no CPU value checks), Triton follows the documented GPU behaviour of the
-    reference: a malformed parent is the root, a token outside [0, V) is rejected, num_nodes is
-    clamped into [1, N]."""
+    """Called as ops inside gpu_value_rules() (the impl's CPU value checks off), Triton follows the
+    documented GPU behaviour of the reference: a malformed parent is the root, a token outside [0, V) is
+    rejected, num_nodes is clamped into [1, N]."""
     pytest.importorskip("triton")
     case = random_case(batch=4, nodes=6, vocab=16, seed=13, padded=False, greedy=False)
     case["parents"][0, 3] = 5          # later node
@@ -472,7 +473,8 @@ def test_bad_values_get_the_gpu_behaviour_in_triton_and_reference():
         args = (case["target_probs"], case["tree_token_ids"], case["parents"], case["num_nodes"], draft,
                 case["seeds"], case["offsets"], None)
         ref = reference.tree_rejection_sample(*args[:5], seeds=case["seeds"], offsets=case["offsets"])
-        assert_same(torch.ops.specdec.tree_rejection_sample_triton(*args), ref)
+        with gpu_value_rules():
+            assert_same(torch.ops.specdec.tree_rejection_sample_triton(*args), ref)
         emitted = ref.token_ids[ref.token_ids >= 0]
         assert bool(((emitted >= 0) & (emitted < 16)).all())
         if draft is not None:
