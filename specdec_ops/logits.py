@@ -632,14 +632,15 @@ def _fake_tree(target_logits, tree_token_ids, parents, num_nodes, draft_probs, t
 
 
 def _block(vocab):
-    return min(next_pow2(vocab), 4096 if triton_interpreting() else 1024)
+    """Vocab tile of the logits kernels: a power of two >= 4 (Philox draws 4 numbers a block: V = 1 and 2 too)."""
+    return max(4, min(next_pow2(vocab), 4096 if triton_interpreting() else 1024))
 
 
 def _radix_block(vocab):
     """Tile of the radix histograms: [tile, 16] one-hot accumulators (compiled: 512 entries over 4 warps, 4 x 16
     accumulators a thread, 96 registers on sm_90: the tile's skip test, a block reduction with two barriers,
     is shared by 4 entries a thread; 80 instructions per entry and pass against 90 at 256)."""
-    return min(next_pow2(vocab), 4096 if triton_interpreting() else 512)
+    return max(4, min(next_pow2(vocab), 4096 if triton_interpreting() else 512))
 
 
 def _radix_passes(dtype):

@@ -260,6 +260,46 @@ def test_infinite_temperature_is_the_uniform_limit(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("vocab", [1, 2, 3])
+def test_vocabularies_below_a_philox_block(backend, vocab):
+    """V < 4: the Triton launchers once sized a vocab tile of next_pow2(V) = 1 or 2 and refused it (a tile holds
+    whole Philox blocks of 4). The three ops with filters equal the reference."""
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(2, 3, vocab, generator=g)
+    kw = dict(temperature=torch.tensor([0.7, 0.0]), top_k=torch.tensor([1, 0]), top_p=torch.tensor([0.5, 1.0]))
+    rng = dict(seeds=torch.tensor([1, 2]), offsets=torch.tensor([0, 3]))
+    for b in (backend, "reference"):
+        probs = specdec_ops.process_logits(x[:, 0], **kw, backend=b)
+        chain = specdec_ops.rejection_sample_logits(x, torch.zeros(2, 2, dtype=torch.int64), torch.tensor([2, 1]), **kw,
+                                                    **rng, return_logprobs=True, backend=b)
+        tree = specdec_ops.tree_rejection_sample_logits(x, torch.zeros(2, 3, dtype=torch.int64),
+                                                        torch.tensor([[-1, 0, 0]] * 2), **kw, **rng, backend=b)
+        if b == backend:
+            got = (probs, chain, tree)
+    torch.testing.assert_close(got[0], probs)
+    assert torch.equal(got[1].token_ids, chain.token_ids) and torch.equal(got[2].token_ids, tree.token_ids)
+    torch.testing.assert_close(got[1].logprobs, chain.logprobs, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_top_p_reaches_its_mass_within_two_to_the_minus_twenty(backend):
+    """top-p's documented tolerance (README, TOP_P_SLACK): the smallest set whose mass is >= top_p (1 - 2^-20)
+    of the row's. With p = [0.75, 0.25], top_p 2^-21 above 0.75 (relative) keeps the first entry only, 2^-19
+    above keeps both; the chain op with logprobs sees the same sets (the draft 1 is kept or not)."""
+    x = torch.log(torch.tensor([[0.75, 0.25]] * 2))
+    top_p = torch.tensor([0.75 * (1 + 2.0 ** -21), 0.75 * (1 + 2.0 ** -19)])
+    probs = specdec_ops.process_logits(x, top_p=top_p, backend=backend)
+    torch.testing.assert_close(probs, torch.tensor([[1.0, 0.0], [0.75, 0.25]]))
+    out = specdec_ops.rejection_sample_logits(x.view(2, 1, 2).expand(2, 2, 2), torch.ones(2, 1, dtype=torch.int64),
+                                              torch.ones(2, dtype=torch.int64), top_p=top_p,
+                                              seeds=torch.tensor([5, 6]), return_logprobs=True, backend=backend)
+    assert out.num_accepted[0] == 0 and out.token_ids[0, 0] == 0, out  # the draft 1 is outside the kept set
+    assert out.logprobs[0, 0] == 0.0
+    if out.num_accepted[1] == 1:  # accepted with probability p(1) = 0.25 (one-hot draft)
+        torch.testing.assert_close(out.logprobs[1, 0], torch.tensor(math.log(0.25)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_process_logits_scalars_mean_every_row(backend):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3, 4, 30, generator=g)
@@ -1759,7 +1799,7 @@ def test_triton_split_filters_one_hot_and_chunk_sizes():
 @pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
 def test_triton_split_filters_keep_exactly_the_processed_support():
     """Every emitted token lies in the processed target's support (the brute-force definition): bonus rows of
-    flat and peaked logits with every filter, 4 chunks; a threshold one key too high or too low (a pick that
+    flat and peaked logits with every filter, 4 chunks of one tile; a threshold one key too high or too low (a pick that
     reads the wrong slot or floor) emits tokens outside it or the wrong ones across the seeds."""
     g = torch.Generator().manual_seed(3)
     batch, vocab = 24, 203
@@ -1770,7 +1810,7 @@ def test_triton_split_filters_keep_exactly_the_processed_support():
     args = dict(target_logits=logits, draft_token_ids=torch.zeros(batch, 0, dtype=torch.int64),
                 num_draft_tokens=torch.zeros(batch, dtype=torch.int64), draft_probs=None,
                 seeds=torch.arange(batch, dtype=torch.int64), offsets=torch.zeros(batch, dtype=torch.int64), **params)
-    ids, _, lps = _split_call(args)
+    ids, _, lps = _split_call(args, block=64, radix_block=64)
     ref = _cpu(args)
     assert torch.equal(ids, ref.token_ids)
     probs = brute_force(logits, *(params[n] for n in PARAMS))
@@ -1783,7 +1823,8 @@ def test_triton_split_filters_keep_exactly_the_processed_support():
 @pytest.mark.slow
 @pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
 def test_triton_split_filters_packed_bonus_ids_and_rates():
-    """Packed rows without bonus rows (external bonus ids) and synthetic rates, with every filter, on 4 chunks."""
+    """Packed rows without bonus rows (external bonus ids) and synthetic rates, with every filter, on 4 chunks of
+    one tile (64 entries)."""
     from specdec_ops.logits import _launch_chain
 
     args = _filter_case(seed=29)
@@ -1800,7 +1841,7 @@ def test_triton_split_filters_packed_bonus_ids_and_rates():
     ids, accepted, lps = _launch_chain(rows, packed["draft_token_ids"], packed["cu_num_draft_tokens"],
                                        packed["draft_probs"], params, args["seeds"], args["offsets"], True, batch, k,
                                        packed=True, bonus_rows=False, bonus_token_ids=bonus, rates=None, chunk=64,
-                                       block=16, radix_block=16)
+                                       block=64, radix_block=64)
     assert torch.equal(ids, ref.token_ids) and torch.equal(accepted, ref.num_accepted)
     torch.testing.assert_close(lps, ref.logprobs, rtol=0, atol=1e-5, equal_nan=True)
     rates = torch.tensor([0.9, 0.4, 0.6])
@@ -1809,8 +1850,8 @@ def test_triton_split_filters_packed_bonus_ids_and_rates():
                                               offsets=args["offsets"], synthetic_acceptance_rates=rates, backend="cpu")
     ids, accepted, _ = _launch_chain(args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"], None,
                                      params, args["seeds"], args["offsets"], False, batch, k, packed=False,
-                                     bonus_rows=True, bonus_token_ids=None, rates=rates, chunk=64, block=16,
-                                     radix_block=16)
+                                     bonus_rows=True, bonus_token_ids=None, rates=rates, chunk=64, block=64,
+                                     radix_block=64)
     assert torch.equal(ids, ref.token_ids) and torch.equal(accepted, ref.num_accepted)
 
 
@@ -1819,7 +1860,9 @@ def test_triton_split_filters_packed_bonus_ids_and_rates():
 def test_triton_top_p_early_acceptance_is_the_full_paths(draft_probs, monkeypatch):
     """Without logprobs the split Triton kernels take top-p's early acceptance (chain_row_accepts_early: the row's
     select skipped, tau = -1 for the walk); with logprobs every row runs its select. Same tokens bit for bit, the
-    C++ op's, padded (and packed), rows of 5 chunks; and the early path ran on a good share of the draft rows."""
+    C++ op's, padded (and packed), rows of 5 chunks of one tile; and the early path ran on a good share of the
+    draft rows. (Tiles of 256, not 64: the interpreter's time grows with the tiles it loops over; several tiles a
+    chunk are test_triton_split_filters_equal_the_cpu_op's.)"""
     from specdec_ops.logits import _launch_chain
 
     taus = recorded_thresholds(monkeypatch)
@@ -1828,7 +1871,7 @@ def test_triton_top_p_early_acceptance_is_the_full_paths(draft_probs, monkeypatc
     batch, k = args["draft_token_ids"].shape
     outs = [_launch_chain(args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"],
                           args["draft_probs"], params, args["seeds"], args["offsets"], logprobs, batch, k, packed=False,
-                          bonus_rows=True, bonus_token_ids=None, rates=None, chunk=256, block=64, radix_block=64)
+                          bonus_rows=True, bonus_token_ids=None, rates=None, chunk=256, block=256, radix_block=256)
             for logprobs in (False, True)]
     early = taus[0].view(batch, k + 1)[:, :k] < 0
     assert not (taus[1] < 0).any() and int(early.sum()) >= 6
@@ -1900,8 +1943,8 @@ def test_triton_top_p_early_bonus_token_is_the_full_paths(draft_probs, dtype, mo
     kept where top-p surely keeps its winner) against the same kernels without it and the C++ op: the same
     tokens bit for bit, padded and packed, over seeds where top-p keeps and drops the winner. The requests it
     decides skip the select (their bonus rows get no threshold); those with top-k or min-p on, greedy, or with
-    a draft the early acceptance does not take, never take it. Two chunks a row in tiles of 256 (tiles of 64
-    took the interpreter three times as long: ~140 s a seed)."""
+    a draft the early acceptance does not take, never take it. Two chunks a row of one 512-entry tile each (the
+    interpreter's time grows with the tiles it loops over: tiles of 64 took ~140 s a seed, of 256 ~40 s)."""
     from specdec_ops.logits import _launch_chain
 
     taus = recorded_thresholds(monkeypatch)
@@ -1916,7 +1959,7 @@ def test_triton_top_p_early_bonus_token_is_the_full_paths(draft_probs, dtype, mo
             outs.append(_launch_chain(args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"],
                                       args["draft_probs"], params, args["seeds"], args["offsets"], False, batch, k,
                                       packed=False, bonus_rows=True, bonus_token_ids=None, rates=None, chunk=512,
-                                      block=256, radix_block=256, early_bonus_token=early_bonus,
+                                      block=512, radix_block=512, early_bonus_token=early_bonus,
                                       stats=stats if early_bonus else None))
             if early_bonus:
                 bonus_tau = taus[0].view(batch, k + 1)[:, k]
@@ -1939,16 +1982,16 @@ def test_triton_top_p_early_bonus_token_is_the_full_paths(draft_probs, dtype, mo
 @pytest.mark.parametrize("draft_probs", [True, pytest.param(False, marks=pytest.mark.slow)],
                          ids=["draft_probs", "one_hot"])
 def test_triton_tree_split_filters_equal_the_cpu_op(draft_probs):
-    """Trees with filter tensors: every node's row statistics from the split kernels (4 chunks of 64 a row, all
-    filters mixed per request, ragged node counts), combined by the walk where it enters a node, against the
-    C++ op: tokens and paths exactly, log-probabilities within 1e-5."""
+    """Trees with filter tensors: every node's row statistics from the split kernels (4 chunks of one 64-entry
+    tile a row, all filters mixed per request, ragged node counts), combined by the walk where it enters a node,
+    against the C++ op: tokens and paths exactly, log-probabilities within 1e-5."""
     from specdec_ops.logits import _triton_tree
 
     args = random_tree(6, 6, 203, draft_probs=draft_probs, seed=41)
     ref = call_tree(args, "cpu")
     ids, path, accepted, lps = _triton_tree(
         args["target_logits"], args["tree_token_ids"], args["parents"], args["num_nodes"], args["draft_probs"],
-        *(args[n] for n in PARAMS), args["seeds"], args["offsets"], True, chunk=64, block=16, radix_block=16)
+        *(args[n] for n in PARAMS), args["seeds"], args["offsets"], True, chunk=64, block=64, radix_block=64)
     assert torch.equal(ids, ref.token_ids), (ids, ref.token_ids)
     assert torch.equal(path, ref.accepted_path) and torch.equal(accepted, ref.num_accepted)
     assert int(accepted.sum()) > 0
