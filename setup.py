@@ -13,7 +13,8 @@ nvcc of torch's CUDA major version when CUDA kernels are built) and stops with
 one line naming what is missing.
 
 Sources follow one rule shared with CMakeLists.txt (see `native_sources`): every
-`csrc/**/*.cpp` is a host source, every `csrc/**/*.cu` a CUDA source.
+`csrc/**/*.cpp` is a host source, every `csrc/**/*.cu` a CUDA source, except the torch glue files
+`csrc/*/*_op.cpp`, which `csrc/torch_ops.cpp` compiles as one translation unit.
 """
 
 import glob
@@ -83,7 +84,8 @@ from setuptools import find_packages, setup  # noqa: E402
 
 
 def native_sources():
-    cpp = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
+    # The *_op.cpp glue files are compiled through csrc/torch_ops.cpp (one parse of ATen's headers for all).
+    cpp = sorted(f for f in glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True) if not f.endswith("_op.cpp"))
     cu = sorted(glob.glob(os.path.join("csrc", "**", "*.cu"), recursive=True))
     return cpp, cu
 

@@ -116,4 +116,10 @@ SPECDEC_HD void race_update(ArgMax& best, float mass, uint32_t bits, int64_t ind
 // (GPU safe behaviour; the CPU op raises before reaching here).
 SPECDEC_HD bool draft_in_vocab(int64_t x, int64_t vocab) { return x >= 0 && x < vocab; }
 
+// Acceptance test of draft position k in synthetic acceptance mode (a benchmarking mode, lossy by
+// design; the chain ops' engine keyword, DESIGN.md §5.7): accept iff the position's acceptance uniform
+// u lies below rate[k]; a NaN rate never accepts. The caller rejects an id outside the vocabulary
+// before asking.
+SPECDEC_HD bool synthetic_accept(float u, float rate) { return u < rate; }
+
 }  // namespace specdec

@@ -20,7 +20,8 @@ cudaError_t launch_kv_commit_cuda(const KVCommitParams& params, cudaStream_t str
 #endif
 
 namespace specdec {
-namespace {
+// This file's helpers (compiled with the other glue files in csrc/torch_ops.cpp).
+namespace kv_op {
 
 // Slots per request when there is no cache to bound them (seq_lens-only commits).
 constexpr int64_t kUnboundedCapacity = int64_t{1} << 62;
@@ -174,12 +175,12 @@ void kv_commit(at::TensorList caches, const at::Tensor& seq_lens, const at::Tens
   }
 }
 
-}  // namespace
+}  // namespace kv_op
 
-TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("kv_commit", &kv_commit); }
+TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("kv_commit", &kv_op::kv_commit); }
 
 #ifdef SPECDEC_WITH_CUDA
-TORCH_LIBRARY_IMPL(specdec, CUDA, m) { m.impl("kv_commit", &kv_commit); }
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) { m.impl("kv_commit", &kv_op::kv_commit); }
 #endif
 
 }  // namespace specdec

@@ -25,7 +25,8 @@ cudaError_t launch_tree_rejection_sample_logits_cuda(const LogitsTreeParams& par
 #endif
 
 namespace specdec {
-namespace {
+// This file's helpers (compiled with the other glue files in csrc/torch_ops.cpp).
+namespace logits_op {
 
 struct SamplingTensors {
   at::Tensor temperature, top_k, top_p, min_p;  // undefined: default
@@ -405,21 +406,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample
   return {token_ids, accepted_path, num_accepted, logprobs};
 }
 
-}  // namespace
+}  // namespace logits_op
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
-  m.impl("process_logits", &process_logits);
-  m.impl("rejection_sample_logits", &rejection_sample_logits);
-  m.impl("rejection_sample_logits_packed", &rejection_sample_logits_packed);
-  m.impl("tree_rejection_sample_logits", &tree_rejection_sample_logits);
+  m.impl("process_logits", &logits_op::process_logits);
+  m.impl("rejection_sample_logits", &logits_op::rejection_sample_logits);
+  m.impl("rejection_sample_logits_packed", &logits_op::rejection_sample_logits_packed);
+  m.impl("tree_rejection_sample_logits", &logits_op::tree_rejection_sample_logits);
 }
 
 #ifdef SPECDEC_WITH_CUDA
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
-  m.impl("process_logits", &process_logits);
-  m.impl("rejection_sample_logits", &rejection_sample_logits);
-  m.impl("rejection_sample_logits_packed", &rejection_sample_logits_packed);
-  m.impl("tree_rejection_sample_logits", &tree_rejection_sample_logits);
+  m.impl("process_logits", &logits_op::process_logits);
+  m.impl("rejection_sample_logits", &logits_op::rejection_sample_logits);
+  m.impl("rejection_sample_logits_packed", &logits_op::rejection_sample_logits_packed);
+  m.impl("tree_rejection_sample_logits", &logits_op::tree_rejection_sample_logits);
 }
 #endif
 

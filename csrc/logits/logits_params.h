@@ -104,10 +104,8 @@ SPECDEC_HD LogitsRequestRows logits_request_rows(const LogitsRejectionParams& p,
   return r;
 }
 
-// Engine keywords of the chain ops (DESIGN.md §5.7, issue #14).
-// Synthetic acceptance of a draft with an id in [0, V): u_k < rate[k] (a NaN rate never accepts).
-SPECDEC_HD bool synthetic_accept(float u, float rate) { return u < rate; }
-
+// Engine keywords of the chain ops (DESIGN.md §5.7, issue #14); synthetic_accept is in
+// common/sampling_math.h.
 // The external bonus token of request b, clamped into [0, V) (the GPU's safe behaviour; CPU callers
 // raise on an id outside the vocabulary first).
 SPECDEC_HD int64_t external_bonus_token(const int64_t* bonus_token_ids, int64_t b, int64_t vocab) {

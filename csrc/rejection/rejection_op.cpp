@@ -16,7 +16,8 @@ size_t rejection_cuda_workspace_bytes(const RejectionParams& params);
 #endif
 
 namespace specdec {
-namespace {
+// This file's helpers (compiled with the other glue files in csrc/torch_ops.cpp).
+namespace rejection_op {
 
 void check_common(const at::Tensor& target_probs, const std::optional<at::Tensor>& draft_probs,
                   const at::Tensor& draft_token_ids, const at::Tensor& seeds, const at::Tensor& offsets,
@@ -230,17 +231,17 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample_packed(
              /*packed=*/true, bonus_rows_omitted, "cu_num_draft_tokens");
 }
 
-}  // namespace
+}  // namespace rejection_op
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
-  m.impl("rejection_sample", &rejection_sample);
-  m.impl("rejection_sample_packed", &rejection_sample_packed);
+  m.impl("rejection_sample", &rejection_op::rejection_sample);
+  m.impl("rejection_sample_packed", &rejection_op::rejection_sample_packed);
 }
 
 #ifdef SPECDEC_WITH_CUDA
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
-  m.impl("rejection_sample", &rejection_sample);
-  m.impl("rejection_sample_packed", &rejection_sample_packed);
+  m.impl("rejection_sample", &rejection_op::rejection_sample);
+  m.impl("rejection_sample_packed", &rejection_op::rejection_sample_packed);
 }
 #endif
 

@@ -60,11 +60,6 @@ SPECDEC_HD RequestRows request_rows(const RejectionParams& p, int64_t b) {
   return r;
 }
 
-// Acceptance test of draft position k in synthetic acceptance mode (a benchmarking mode, lossy by
-// design): accept iff the position's acceptance uniform u lies below rate[k]; a NaN rate never
-// accepts. The caller rejects an id outside the vocabulary before asking.
-SPECDEC_HD bool synthetic_accept(float u, float rate) { return u < rate; }
-
 // The externally given bonus token of request b, clamped into [0, V - 1] (the CPU op has checked it:
 // clamping changes nothing there; on the GPU a bad id is made safe without a host sync).
 SPECDEC_HD int64_t external_bonus_token(const RejectionParams& p, int64_t b) {

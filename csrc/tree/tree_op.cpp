@@ -17,7 +17,8 @@ cudaError_t launch_build_tree_cuda(const BuildTreeParams& params, cudaStream_t s
 #endif
 
 namespace specdec {
-namespace {
+// This file's helpers (compiled with the other glue files in csrc/torch_ops.cpp).
+namespace tree_op {
 
 // CPU only: num_nodes in [0, N]; for real nodes parents[b, 0] == -1 and 0 <= parents[b, i] < i.
 void check_values_cpu(const BuildTreeParams& p) {
@@ -79,12 +80,12 @@ std::tuple<at::Tensor, at::Tensor> build_tree(const at::Tensor& parents, const s
   return {mask, depth};
 }
 
-}  // namespace
+}  // namespace tree_op
 
-TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("build_tree", &build_tree); }
+TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("build_tree", &tree_op::build_tree); }
 
 #ifdef SPECDEC_WITH_CUDA
-TORCH_LIBRARY_IMPL(specdec, CUDA, m) { m.impl("build_tree", &build_tree); }
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) { m.impl("build_tree", &tree_op::build_tree); }
 #endif
 
 }  // namespace specdec

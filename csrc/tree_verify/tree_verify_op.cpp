@@ -16,7 +16,8 @@ size_t tree_verify_cuda_workspace_bytes(const TreeVerifyParams& params);
 #endif
 
 namespace specdec {
-namespace {
+// This file's helpers (compiled with the other glue files in csrc/torch_ops.cpp).
+namespace tree_verify_op {
 
 void check_args(const at::Tensor& target_probs, const at::Tensor& tree_token_ids, const at::Tensor& parents,
                 const std::optional<at::Tensor>& num_nodes, const std::optional<at::Tensor>& draft_probs,
@@ -124,12 +125,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_rejection_sample(
   return {token_ids, accepted_path, num_accepted};
 }
 
-}  // namespace
+}  // namespace tree_verify_op
 
-TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("tree_rejection_sample", &tree_rejection_sample); }
+TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("tree_rejection_sample", &tree_verify_op::tree_rejection_sample); }
 
 #ifdef SPECDEC_WITH_CUDA
-TORCH_LIBRARY_IMPL(specdec, CUDA, m) { m.impl("tree_rejection_sample", &tree_rejection_sample); }
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) { m.impl("tree_rejection_sample", &tree_verify_op::tree_rejection_sample); }
 #endif
 
 }  // namespace specdec
