@@ -92,6 +92,8 @@ def _sampling_param(value, name: str, batch: int, device: torch.device, ref_name
         return None
     dtype, valid, bad_value = _PARAMS[name]
     if not op and isinstance(value, (numbers.Number, bool)) and not isinstance(value, torch.Tensor):
+        if isinstance(value, bool):  # True would read as 1 (top_k 1, temperature 1.0): a caller's mistake
+            fail(f"{name} must be a number or a tensor [B], got the bool {value!r}")
         if name == "top_k" and not isinstance(value, numbers.Integral):
             fail(f"top_k must be an int or an integer tensor [B], got {value!r}")
         if name == "top_k":

@@ -340,6 +340,18 @@ def test_top_k_beyond_int64_is_off():
         specdec_ops.process_logits(x, top_k=-2 ** 70)
 
 
+@pytest.mark.parametrize("name", ["temperature", "top_k", "top_p", "min_p"])
+def test_a_bool_sampling_parameter_is_refused(name):
+    # True is an int to Python: it read as top_k 1 (or temperature 1.0) instead of naming the mistake
+    x = torch.randn(2, 30)
+    for value in (True, False):
+        with pytest.raises(specdec_ops.SpecDecArgumentError, match=f"{name} must be a number.*bool"):
+            specdec_ops.process_logits(x, **{name: value})
+        with pytest.raises(specdec_ops.SpecDecArgumentError, match=name):
+            specdec_ops.rejection_sample_logits(torch.randn(2, 2, 30), torch.zeros(2, 1, dtype=torch.int64),
+                                                torch.ones(2, dtype=torch.int64), **{name: value})
+
+
 @pytest.mark.parametrize("vocab", [1, 2, 255, 256, 257, 1024, 1025, 8193])
 def test_process_logits_tile_boundary_vocab_sizes(vocab):
     g = torch.Generator().manual_seed(vocab)
