@@ -138,6 +138,21 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
     if kept:
         kwargs["logits_to_keep"] = logits_at
     bias = attention_bias(mask, start, kv_len, dtype, uniform)
+    window, every_layer = sliding_window_layout(model)
+    if window is not None and highest + width - 1 >= window:   # some key lies beyond some node's window
+        windowed = sliding_window_bias(bias, start, depth, kv_len, window)
+        if every_layer:
+            bias = windowed
+        elif _takes_mask_mapping(type(model)):
+            bias = {"full_attention": bias, "sliding_attention": windowed}
+        else:
+            raise ops.SpecDecArgumentError(
+                f"{type(model).__name__} mixes sliding-window and full-attention layers, and its forward takes no "
+                "mask per layer type (a dict attention_mask): its sliding windows cannot be applied")
+        # the tree kernel has no sliding window: the layers attend through the masks (SDPA) instead
+        kwargs.pop("tree_mask", None)
+        kwargs.pop("prefix_lens", None)
+        kwargs.pop("tree_attention_backend", None)
     narrow = tokens.device.type == "cpu" and 2 <= batch * width <= NARROW_ROWS
     with NarrowLinear() if narrow else contextlib.nullcontext():
         out = model(input_ids=tokens, position_ids=start[:, None] + depth.long(), attention_mask=bias,
@@ -163,6 +178,68 @@ def attention_bias(mask: torch.Tensor, start: torch.Tensor, kv_len: int, dtype: 
     if mask.shape[1] == 1 and uniform_start is not None:
         return torch.zeros(mask.shape[0], 1, 1, kv_len, device=mask.device, dtype=dtype)
     return ops.tree_attention_bias(mask, start, kv_len, dtype=dtype)
+
+
+def sliding_window_layout(model) -> tuple[int | None, bool]:
+    """(window, every layer slides) of a Hugging Face model: (None, False) when no layer has a sliding window.
+
+    As transformers reads its configs: ``layer_types`` names each layer ``"full_attention"`` or
+    ``"sliding_attention"`` (Gemma2/3, Qwen2/3, ...); without it, a ``sliding_window`` applies to every layer
+    (Mistral, Mixtral, Phi-3, Starcoder2) unless ``use_sliding_window`` is False. A query at position p sees
+    the keys at positions > p - window (transformers' ``sliding_window_overlay``).
+    """
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        unknown = set(types) - {"full_attention", "sliding_attention"}
+        if unknown:
+            raise ops.SpecDecArgumentError(f"{type(model).__name__}: attention layers of type {sorted(unknown)} are "
+                                           "not supported by the decode loop (full and sliding-window attention are)")
+        if window is None or "sliding_attention" not in types:
+            return None, False
+        return int(window), all(t == "sliding_attention" for t in types)
+    if window is None or not getattr(cfg, "use_sliding_window", True):
+        return None, False
+    return int(window), True
+
+
+def sliding_window_bias(bias: torch.Tensor, start: torch.Tensor, depth: torch.Tensor, kv_len: int,
+                        window: int) -> torch.Tensor:
+    """``bias`` [B, 1, Q, kv_len] with every key at or beyond ``window`` positions behind its query hidden.
+
+    Positions: a committed slot s < start[b] holds position s; window slot start[b] + i holds node i at
+    position start[b] + depth[b, i], and so does the query of node i. A node always sees itself.
+    """
+    batch, width = depth.shape
+    dev = bias.device
+    start = start.long()
+    node_pos = start[:, None] + depth.long().clamp(min=0)                   # [B, Q]
+    slots = torch.arange(kv_len, device=dev)
+    offset = slots[None, :] - start[:, None]                                # [B, kv_len]
+    in_window = (offset >= 0) & (offset < width)
+    key_pos = torch.where(in_window, torch.gather(node_pos, 1, offset.clamp(0, width - 1)), slots[None, :])
+    far = node_pos[:, :, None] - key_pos[:, None, :] >= window              # [B, Q, kv_len]
+    return bias.masked_fill(far[:, None], float("-inf"))
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_mask_mapping(model_type) -> bool:
+    """Whether a model's forward takes one attention mask per layer type (transformers' ``causal_mask_mapping``:
+    a dict ``{"full_attention": ..., "sliding_attention": ...}``), read from its modules' source."""
+    for cls in model_type.__mro__:
+        forward_fn = cls.__dict__.get("forward")
+        if forward_fn is not None and "causal_mask_mapping" in _source(forward_fn):
+            return True
+    module = inspect.getmodule(model_type)
+    return module is not None and "causal_mask_mapping" in _source(module)
+
+
+def _source(obj) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
 
 
 # Above this many logit elements (B x B rows of V) keeping B positions for every request through
