@@ -6,6 +6,11 @@
 set -euo pipefail
 # shellcheck source=scripts/setup_env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
+# (CI: the compatibility run's CUDA build waits for this file, so as to reuse this build's cubins; .ci/run)
+# (and the tests run without the cache's nvcc).
+if [ -n "${SPECDEC_BUILT_MARKER:-}" ]; then
+  touch "$SPECDEC_BUILT_MARKER"; unset SPECDEC_BUILT_MARKER PYTORCH_NVCC SPECDEC_NVCC_CACHE_LOG
+fi
 if python -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] \
    && [ "${SPECDEC_NO_CUDA:-0}" = "0" ]; then
   python -c "from specdec_ops import _ops; assert _ops.cuda_kernels_built(), 'the CUDA kernels were not built'"

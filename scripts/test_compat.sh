@@ -154,16 +154,31 @@ PY
   if [ "${SPECDEC_NO_CUDA:-0}" = "0" ] && [[ " $CUDA_COMBOS " == *" $name "* ]] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] \
      && "$py" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"; then cuda=1; fi
   say "$name: pip install --no-build-isolation -e . ($([ $cuda = 1 ] && echo "CUDA kernels for sm_${ARCHS/./}, " )log: $work/build.log)"
-  local t0=$SECONDS
-  if ! SPECDEC_NO_CUDA=$((1 - cuda)) TORCH_CUDA_ARCH_LIST="$ARCHS" MAX_JOBS="${MAX_JOBS:-2}" "$venv/bin/pip" install --no-build-isolation -e . \
-       > "$work/build.log" 2>&1; then
+  local t0=$SECONDS nvcc_env=() reused=""
+  # CI (.ci/run): the build's nvcc is $SPECDEC_COMPAT_NVCC, ptxas's cache (scripts/nvcc_cache.py). A .cu file
+  # identical, with all it includes, here and in $SPECDEC_NVCC_CACHE_ORIGINAL (the checkout the main build
+  # compiled) is compiled as the original's: its PTX then matches the main build's byte for byte, and the main
+  # build's cubin is reused instead of running ptxas on it again.
+  if [ $cuda = 1 ] && [ -n "${SPECDEC_COMPAT_NVCC:-}" ]; then
+    nvcc_env=(PYTORCH_NVCC="$SPECDEC_COMPAT_NVCC" SPECDEC_NVCC_CACHE_LOG="$work/nvcc-cache.log")
+    [ -n "${SPECDEC_NVCC_CACHE_ORIGINAL:-}" ] && nvcc_env+=(SPECDEC_NVCC_CACHE_REDIRECT="$work/src=$SPECDEC_NVCC_CACHE_ORIGINAL")
+    rm -f "$work/nvcc-cache.log"
+  fi
+  if ! env "${nvcc_env[@]}" SPECDEC_NO_CUDA=$((1 - cuda)) TORCH_CUDA_ARCH_LIST="$ARCHS" MAX_JOBS="${MAX_JOBS:-2}" \
+       "$venv/bin/pip" install --no-build-isolation -e . > "$work/build.log" 2>&1; then
     say "$name: BUILD FAILED (tail of $work/build.log follows)"; grep -v "is ignored" "$work/build.log" | tail -25
     cd "$ROOT"; return 1
   fi
   if ! "$py" -c "import sys; from specdec_ops import _ops; sys.exit(0 if _ops.cuda_kernels_built() == bool($cuda) else 1)"; then
     say "$name: BUILD WRONG: CUDA kernels built != $cuda"; cd "$ROOT"; return 1
   fi
-  say "$name: built in $((SECONDS - t0)) s"
+  if [ ${#nvcc_env[@]} -gt 0 ]; then
+    local hits runs
+    hits=$(cat "$work/nvcc-cache.log" 2> /dev/null | grep -c "^\[nvcc-cache [0-9:]*\] ptxas .*: HIT ")
+    runs=$(cat "$work/nvcc-cache.log" 2> /dev/null | grep -c "^\[nvcc-cache [0-9:]*\] ptxas .*: \(HIT\|MISS\) ")
+    reused=" ($hits of $runs cubins reused from the main build's, ptxas not run: $work/nvcc-cache.log)"
+  fi
+  say "$name: built in $((SECONDS - t0)) s$reused"
   t0=$SECONDS
   # shellcheck disable=SC2086
   TRITON_INTERPRET=1 "$py" -m pytest -q -p no:cacheprovider -m "not slow and not cuda" -rfE $TESTS \
