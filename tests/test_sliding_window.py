@@ -152,3 +152,34 @@ def test_specdec_tree_attention_targets_fall_back_to_the_masks_past_the_window()
     finally:
         specdec_ops.tree_attention = kernel
         model.set_attn_implementation("sdpa")
+
+
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_specdec_tree_attention_applies_the_window_when_called_directly(kind):
+    # README's direct use: a cache holding the prefix (full layers), the tree after it. Each node's logits must
+    # be the model's own for the prefix and the node's path, with the model's window (prefix 10 > window 6).
+    from specdec_ops.decoding import hf_attention
+    model = build(kind)
+    prefix, parents = PROMPTS[0][:10], [-1, 0, 0, 1, 3, 2]
+    tokens = [prefix[-1], 44, 45, 46, 47, 48]
+    info = specdec_ops.build_tree(torch.tensor([parents]))
+    hf_attention.register()
+    model.set_attn_implementation(hf_attention.NAME)
+    try:
+        cache = transformers.DynamicCache()      # full layers: key slot s holds position s
+        with torch.no_grad():
+            model(torch.tensor([prefix[:-1]]), past_key_values=cache, use_cache=True)
+            got = model(torch.tensor([tokens]), position_ids=9 + info.depth, past_key_values=cache,
+                        tree_mask=info.mask, prefix_lens=torch.tensor([9]), tree_attention_backend="cpu").logits
+    finally:
+        model.set_attn_implementation("sdpa")
+    for i in range(len(parents)):
+        path, a = [], i
+        while a > 0:
+            path.append(tokens[a])
+            a = parents[a]
+        with torch.no_grad():
+            want = model(torch.tensor([prefix + path[::-1]])).logits[0, -1]
+        torch.testing.assert_close(got[0, i], want, rtol=1e-4, atol=1e-4)
+    assert hf_attention.tree_depths(info.mask).tolist() == info.depth.tolist()

@@ -38,7 +38,9 @@ def specdec_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     query [B, Hq, N, D], key / value [B, Hk, L, D] (the cache after appending the tree);
     returns ``(out [B, N, Hq, D], None)``. Tree keyword arguments: ``tree_mask`` (int64
     [B, N, ceil(N/64)] from build_tree), ``prefix_lens`` (int [B]), optionally
-    ``tree_attention_backend``. Without ``tree_mask`` it is SDPA.
+    ``tree_attention_backend``. Without ``tree_mask`` it is SDPA. A sliding-window layer
+    (transformers passes ``sliding_window``) whose keys outnumber the window runs SDPA over the tree's
+    bias with the window applied, as the kernel has no window.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -52,6 +54,16 @@ def specdec_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: to
 
     if prefix_lens is None:
         raise ValueError("specdec_tree attention: tree_mask needs prefix_lens (int [B]) too")
+    window = kwargs.get("sliding_window")
+    if window is not None and key.shape[2] > window:
+        # a sliding-window layer whose keys may lie beyond a node's window: the kernel has no window, so SDPA
+        # over the tree's bias with the window applied (node t at position prefix_lens + its depth)
+        from .forward import sliding_window_bias
+        bias = tree_attention_bias(tree_mask, prefix_lens, key.shape[2], dtype=query.dtype)
+        bias = sliding_window_bias(bias, prefix_lens, tree_depths(tree_mask), key.shape[2], int(window))
+        kwargs.pop("is_causal", None)
+        return sdpa_attention_forward(module, query, key, value, bias, dropout=dropout, scaling=scaling,
+                                      is_causal=False, **kwargs)
     if query.device.type == "cuda" or backend is not None:
         out = tree_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), prefix_lens,
                              tree_mask, sm_scale=scaling, backend=backend)
@@ -60,6 +72,13 @@ def specdec_tree_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     kwargs.pop("is_causal", None)
     return sdpa_attention_forward(module, query, key, value, bias, dropout=dropout, scaling=scaling,
                                   is_causal=False, **kwargs)
+
+
+def tree_depths(tree_mask: torch.Tensor) -> torch.Tensor:
+    """int64 [B, N] depths of a build_tree mask [B, N, W]: a row's set bits (the node and its ancestors) less
+    one; -1 for padding rows (no bit set)."""
+    bits = (tree_mask.unsqueeze(-1) >> torch.arange(64, device=tree_mask.device)) & 1
+    return bits.sum((-1, -2)) - 1
 
 
 def register() -> None:
