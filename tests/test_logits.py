@@ -1961,7 +1961,7 @@ def test_triton_top_p_early_bonus_token_is_the_full_paths(draft_probs, dtype, mo
 
     taus = recorded_thresholds(monkeypatch)
     decided = 0
-    for seed in range(3):
+    for seed in range(2):   # 7 to 10 of each seed's 12 eligible requests are decided early (seeds 0-3)
         args = top_p_bonus_batch(1000, dtype, draft_probs, seed=seed)
         params = tuple(args[n] for n in PARAMS)
         batch, k = args["draft_token_ids"].shape
@@ -1987,7 +1987,7 @@ def test_triton_top_p_early_bonus_token_is_the_full_paths(draft_probs, dtype, mo
         packed = call_packed(to_packed(args), "triton", k=k, return_logprobs=False)
         assert torch.equal(packed.token_ids, cpu.token_ids)
     # both paths ran: 12 eligible requests a seed, a few of whose winners top-p drops
-    assert 12 <= decided <= 33, decided
+    assert 8 <= decided <= 22, decided
 
 
 @pytest.mark.skipif("tree_rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
