@@ -66,6 +66,16 @@ def _triton_interpret_left_as_found():
         pytest.fail(f"the test changed TRITON_INTERPRET from {before!r} to {after!r} (put back)")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread while a module's tests run (tiny models: thread start-up costs more than it saves); put
+    back after. A module takes it with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=CPU_BACKENDS)
 def cpu_backend(request):
     """Each backend that runs on CPU tensors (triton: interpreter)."""

@@ -27,6 +27,8 @@ from specdec_ops.decoding import (ByMatchLength, CopyCursor, CostModel, ForwardC
                                   measure_forward_cost)
 from specdec_ops.decoding.forward import cache_kwarg  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one torch thread (conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 100
 PROMPTS = [[5, 17, 23, 42, 5, 17, 23, 8, 61, 5, 17], [3], [70, 71, 72, 73, 70, 71]]  # ragged, one of length 1
@@ -40,12 +42,6 @@ def tiny_llama(layers: int, seed: int, vocab: int = VOCAB, hidden: int = 32) -> 
     return LlamaForCausalLM(cfg).eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: thread start-up costs more than it saves
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,8 @@ from specdec_ops.decoding import ModelDrafter, NGramDrafter, SpeculativeDecoder 
 from specdec_ops.decoding.forward import (RaggedKVCache, chain_tree, forward, sliding_window_bias,  # noqa: E402
                                           sliding_window_layout)
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one torch thread (conftest.py)
+
 VOCAB = 120
 WINDOW = 6
 # ragged, longer than the window, with repeats for the n-gram drafter to find
@@ -56,12 +58,6 @@ def reference_greedy(model, prompt, max_new_tokens):
     return out[0, len(prompt):].tolist()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("kind", ["mistral", "qwen2", "gemma2"])
