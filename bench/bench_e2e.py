@@ -10,7 +10,7 @@ half. Methods, all in this process, with the chat template:
   ngram      SpeculativeDecoder(model, NGramDrafter(), num_speculative_tokens=10): classic prompt lookup
   (--variants adds configurations under study: nocursor = default without CopyCursor, bymatch =
   ByMatchLength((0, 16, 32)) with CopyCursor, k = 32, linear = default with the loop's forward through
-  F.linear in every layer, NarrowLinear off, its cost table measured so)
+  F.linear in every layer, narrow_linears off, its cost table measured so)
   (--ceiling adds the bounds every drafter in this loop lies between:
   oracle     a perfect drafter (ReplayDrafter): it drafts the tokens plain generate produced for the
              prompt, at each step the length that emits most tokens per verify cost (all accepted), at
@@ -71,8 +71,8 @@ def load_prompts(split: str = "all", path: str = PROMPTS_PATH) -> list[dict]:
 
 @contextlib.contextmanager
 def linear_forward():
-    """The loop's forward with every linear layer through F.linear (NarrowLinear off): the "linear"
-    variant, default_setup as it was before NarrowLinear."""
+    """The loop's forward with every linear layer through F.linear (narrow_linears off): the "linear"
+    variant, default_setup as it was before the narrow products."""
     from specdec_ops.decoding import forward as forward_mod
 
     rows = forward_mod.NARROW_ROWS

@@ -1,11 +1,11 @@
-"""The decode loop's verify forward by window width: F.linear against NarrowLinear, in one process.
+"""The decode loop's verify forward by window width: F.linear against the narrow products, in one process.
 
 `measure_forward_cost` (what `default_setup` gives the cost model) times the loop's own forward of the
 target over windows of 1 .. 32 tokens after a 128-token prefill, the fastest of 3 runs per width. Here it
-runs alternately with ``NARROW_ROWS = 0`` (every linear layer through F.linear, as before NarrowLinear)
-and with the default (windows of 2 .. NARROW_ROWS rows on CPU run their linear layers as W @ x^T:
-``NarrowLinear`` in specdec_ops/decoding/forward.py), and prints per width the fastest time of each over
-the rounds and their ratio. On CUDA NarrowLinear is never entered: both columns time the same forward.
+runs alternately with ``NARROW_ROWS = 0`` (every linear layer through F.linear)
+and with the default (windows of 1 .. NARROW_ROWS rows on CPU run their linear layers as W @ x^T, one row
+padded to two: ``narrow_linears`` in specdec_ops/decoding/forward.py), and prints per width the fastest time of each over
+the rounds and their ratio. On CUDA the narrow products are never used: both columns time the same forward.
 
     python bench/bench_forward_cost.py --device cpu --json bench/forward_cost.json   (and forward_cost.png)
 """
@@ -65,7 +65,7 @@ def main() -> None:
 
         bar_chart(plot_path, "VERIFY FORWARD MS BY WINDOW TOKENS", [str(w) for w in widths],
                   {"F.LINEAR": [r["linear_ms"] for r in table.rows],
-                   "NARROWLINEAR": [r["narrow_ms"] for r in table.rows]})
+                   "NARROW W @ X^T": [r["narrow_ms"] for r in table.rows]})
         print(f"plot saved to {plot_path}")
 
 

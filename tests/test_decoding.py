@@ -441,48 +441,110 @@ def test_forward_logits_at_equals_full_logits_rows(target, keep_limit, monkeypat
     torch.testing.assert_close(rows, full[torch.arange(2), at], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 def test_narrow_linear_is_linear(rows, bias):
-    """Inside NarrowLinear, F.linear over 2..NARROW_ROWS rows (W @ x^T) equals F.linear to rounding, has
-    F.linear's shape and is contiguous; other row counts and dtypes fall through to F.linear unchanged."""
+    """narrow_linear over 1..NARROW_ROWS rows (W @ x^T; one row padded to two) equals F.linear to rounding,
+    has F.linear's shape and is contiguous; other row counts and dtypes are not its to compute (None). Inside
+    narrow_linears an nn.Linear layer gives the same, and bit for bit F.linear where narrow_linear declines."""
     import torch.nn.functional as F
 
-    from specdec_ops.decoding.forward import NARROW_ROWS, NarrowLinear
+    from specdec_ops.decoding.forward import NARROW_ROWS, narrow_linear, narrow_linears
 
-    assert NARROW_ROWS == 4
+    assert NARROW_ROWS == 5
     gen = torch.Generator().manual_seed(rows)
-    w = torch.randn(48, 40, generator=gen)
-    b = torch.randn(48, generator=gen) if bias else None
+    layer = torch.nn.Linear(40, 48, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(48, 40, generator=gen))
+        if bias:
+            layer.bias.copy_(torch.randn(48, generator=gen))
+    w, b = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
     for shape in ((rows, 40), (1, rows, 40)):
         x = torch.randn(*shape, generator=gen)
         exact = x.double() @ w.double().T + (b.double() if bias else 0)
-        with NarrowLinear():
-            out = F.linear(x, w, b)
-            out_kw = F.linear(x, w, bias=b)
-            half = F.linear(x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16())
+        out = narrow_linear(x, w, b)
+        with torch.no_grad(), narrow_linears(layer):
+            in_layer = layer(x)
+        assert narrow_linear(x.bfloat16(), w.bfloat16()) is None
+        if rows > NARROW_ROWS:  # not taken: bit for bit F.linear
+            assert out is None
+            assert torch.equal(in_layer, F.linear(x, w, b))
+            continue
         assert out.shape == (*shape[:-1], 48) and out.is_contiguous()
         torch.testing.assert_close(out.double(), exact, atol=1e-4, rtol=1e-5)
-        assert torch.equal(out_kw, out)
-        if rows == 1 or rows > NARROW_ROWS:  # not taken: bit for bit F.linear
-            assert torch.equal(out, F.linear(x, w, b))
-        assert torch.equal(half, F.linear(x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16()))
+        assert torch.equal(in_layer, out)
+    assert narrow_linear(torch.randn(2, 39), w) is None  # F.linear's own shape error is kept
+
+
+def test_narrow_linears_is_scoped_to_its_thread_and_model():
+    """narrow_linears swaps exactly the nn.Linear layers of its model (not subclasses, not other models) while
+    open and restores them when the last context closes, also on an exception; another thread calling the
+    model meanwhile gets F.linear bit for bit; nested and concurrent contexts keep the swap until the last."""
+    import threading
+
+    import torch.nn.functional as F
+
+    from specdec_ops.decoding import forward as forward_mod
+
+    class OwnLinear(torch.nn.Linear):
+        pass
+
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 48), OwnLinear(48, 40), torch.nn.Linear(40, 40))
+    other = torch.nn.Linear(40, 40)
+    x = torch.randn(1, 40, generator=gen)
+    with torch.no_grad():
+        plain = model(x)
+        reference = [type(m) for m in model]
+        opened, release, seen = threading.Event(), threading.Event(), {}
+
+        def elsewhere():
+            opened.wait()
+            seen["out"] = model(x)
+            seen["types"] = [type(m) for m in model]
+            release.set()
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        with forward_mod.narrow_linears(model):
+            assert [type(m) for m in model] == [forward_mod._NarrowableLinear, OwnLinear,
+                                                forward_mod._NarrowableLinear]
+            assert type(other) is torch.nn.Linear
+            narrow = model(x)
+            first = model[0](x)  # one row: the narrow product, not F.linear's
+            assert torch.equal(first, forward_mod.narrow_linear(x, model[0].weight, model[0].bias))
+            assert torch.equal(model[1](first), F.linear(first, model[1].weight, model[1].bias))
+            with forward_mod.narrow_linears(model):
+                pass
+            assert type(model[0]) is forward_mod._NarrowableLinear  # the outer context still holds it
+            opened.set()
+            release.wait(30)
+        thread.join(30)
+        assert seen["types"][0] is forward_mod._NarrowableLinear
+        assert torch.equal(seen["out"], plain)  # the other thread: F.linear exactly
+        torch.testing.assert_close(narrow, plain, atol=1e-5, rtol=1e-5)
+        assert [type(m) for m in model] == reference
+        with pytest.raises(ZeroDivisionError):
+            with forward_mod.narrow_linears(model):
+                1 / 0
+        assert [type(m) for m in model] == reference
+        assert forward_mod._NARROW.depth == 0 and not forward_mod._NARROW_MODELS
 
 
 @pytest.mark.parametrize("batch,width", [(1, 1), (1, 2), (1, 4), (1, 5), (2, 2), (2, 3), (3, 1)])
 def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width, monkeypatch):
-    """forward() on CPU enters NarrowLinear exactly when batch x window is 2..NARROW_ROWS rows, and its
+    """forward() on CPU enters narrow_linears exactly when batch x window is 1..NARROW_ROWS rows, and its
     logits equal those of the plain F.linear forward to rounding."""
     from specdec_ops.decoding import forward as forward_mod
 
     entered = []
+    narrow_linears = forward_mod.narrow_linears
 
-    class Recording(forward_mod.NarrowLinear):
-        def __enter__(self):
-            entered.append(True)
-            return super().__enter__()
+    def recording(model):
+        entered.append(model)
+        return narrow_linears(model)
 
-    monkeypatch.setattr(forward_mod, "NarrowLinear", Recording)
+    monkeypatch.setattr(forward_mod, "narrow_linears", recording)
     tokens = torch.tensor([PROMPTS[0][i:i + width] for i in range(batch)])
     results = []
     with torch.inference_mode():
@@ -492,7 +554,7 @@ def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width,
             cache.seq_lens.fill_(3)
             mask, depth = forward_mod.chain_tree(width, batch, tokens.device)
             results.append(forward_mod.forward(target, cache, tokens, cache.seq_lens, depth, mask))
-    assert len(entered) == (1 if 2 <= batch * width <= 4 else 0)
+    assert entered == ([target] if 1 <= batch * width <= 5 else [])
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 import specdec_ops as ops
 
@@ -153,8 +153,8 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
         kwargs.pop("tree_mask", None)
         kwargs.pop("prefix_lens", None)
         kwargs.pop("tree_attention_backend", None)
-    narrow = tokens.device.type == "cpu" and 2 <= batch * width <= NARROW_ROWS
-    with NarrowLinear() if narrow else contextlib.nullcontext():
+    narrow = tokens.device.type == "cpu" and 1 <= batch * width <= NARROW_ROWS
+    with narrow_linears(model) if narrow else contextlib.nullcontext():
         out = model(input_ids=tokens, position_ids=start[:, None] + depth.long(), attention_mask=bias,
                     use_cache=True, **kwargs)
     logits = out.logits
@@ -247,38 +247,91 @@ def _source(obj) -> str:
 _KEEP_LIMIT = 1 << 26
 
 
-# CPU forwards over at most this many rows (batch x window) run their linear layers as ``W @ x^T``
-# (NarrowLinear). Measured with ``measure_forward_cost`` on SmolLM2-135M, float32, one thread (ms, plain
-# F.linear -> NarrowLinear): 1 row 40.6 (not used), 2: 60.3 -> 39.6, 3: 75.0 -> 53.1, 4: 58.3 -> 45.8,
-# 5: 64.7 -> 61.9, 6: 66.7 -> 71.7, 8: 69.5 -> 78.8.
-NARROW_ROWS = 4
+# CPU forwards over at most this many rows (batch x window) run their linear layers as ``W @ x^T`` with the
+# rows as columns (narrow_linears), one row padded to two. Measured on SmolLM2-135M's 211 weight matrices
+# (30 layers and the output projection, float32, one thread, weights streamed from memory; ms, F.linear ->
+# W @ x^T): 1 row 45.9 -> 32.1 (padded to 2; 49.1 unpadded), 2: 72.6 -> 30.3, 3: 93.0 -> 47.5,
+# 4: 65.6 -> 46.8, 5: 73.9 -> 60.1; from 6 rows on F.linear is as fast or faster (8: 75.6 -> 79.7). The CPU
+# BLAS multiplies by two columns far faster than by one (a matrix-vector product) or by a few rows.
+NARROW_ROWS = 5
+_NARROW_PAD = {1: 2}  # rows -> columns multiplied (the padding columns are zeros; their outputs are dropped)
 
 
-class NarrowLinear(TorchFunctionMode):
-    """Inside it, ``F.linear(x, W, b)`` on float32 CPU tensors with 2 to ``NARROW_ROWS`` rows computes
-    ``(W @ x^T)^T`` (then ``+ b``), contiguous, instead of ``x @ W^T``.
+def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``F.linear(x, weight, bias)`` as ``(W @ x^T)^T`` (+ bias), contiguous, for float32 CPU operands with 1 to
+    ``NARROW_ROWS`` rows (one row is multiplied as two: the second all zeros); None for any other input
+    (the caller runs F.linear). Equal to F.linear to rounding: another summation order, as a product over a
+    different number of rows already has."""
+    if not (x.dim() and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and weight.dim() == 2 and x.shape[-1] == weight.shape[1]):
+        return None
+    rows = x.numel() // max(x.shape[-1], 1)
+    if not 1 <= rows <= NARROW_ROWS:
+        return None
+    flat = x.reshape(rows, x.shape[-1])
+    cols = _NARROW_PAD.get(rows, rows)
+    if cols > rows:
+        flat = torch.cat([flat, flat.new_zeros(cols - rows, flat.shape[1])])
+    out = torch.mm(weight, flat.T)
+    out = (out[:, :rows] if cols > rows else out).T.contiguous()
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
-    The same product with the operands' roles swapped: the CPU BLAS runs ``x @ W^T`` over 2-4 rows of x
-    at well under the speed of one row (a verify window of 2 tokens cost 1.5x a window of 1), and the
-    swapped product over a few columns at the speed of one row or better, so a short draft costs about
-    what a plain decoding step does. The result can differ from ``F.linear`` in the last bits (another
-    summation order), as a product over a different number of rows already does. A mode, not a change
-    to the model: it holds for the calls made inside it on this thread only.
+
+class _NarrowState(threading.local):
+    depth = 0  # narrow_linears contexts open on this thread
+
+
+_NARROW = _NarrowState()
+_NARROW_LOCK = threading.Lock()
+_NARROW_MODELS: dict[int, tuple[int, list[torch.nn.Module]]] = {}  # id(model) -> (contexts open, swapped layers)
+
+
+class _NarrowableLinear(torch.nn.Linear):
+    """The class of a model's ``nn.Linear`` layers while ``narrow_linears(model)`` is open on some thread: on a
+    thread inside it, the layer computes ``narrow_linear`` where that applies; elsewhere exactly ``nn.Linear``."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if _NARROW.depth:
+            out = narrow_linear(input, self.weight, self.bias)
+            if out is not None:
+                return out
+        return F.linear(input, self.weight, self.bias)
+
+
+@contextlib.contextmanager
+def narrow_linears(model: torch.nn.Module):
+    """Inside it, on this thread, ``model``'s ``nn.Linear`` layers (exactly that class: subclasses keep their
+    own forward) compute ``narrow_linear`` for float32 CPU inputs of 1 to ``NARROW_ROWS`` rows.
+
+    The layers' class is ``_NarrowableLinear`` while any thread has the context open on the model and
+    ``nn.Linear`` again once the last one closes it (a count per model, under a lock); another thread's
+    calls into the model meanwhile run ``F.linear`` exactly. Unlike a ``TorchFunctionMode`` (about 5 ms per
+    forward of SmolLM2-135M: every torch call of the forward crosses into Python), it costs one Python check
+    per linear layer.
     """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear:
-            x, weight = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
-            if (2 <= rows <= NARROW_ROWS and x.device.type == "cpu" and x.dtype == torch.float32
-                    and weight.dtype == torch.float32 and weight.dim() == 2 and not kwargs.keys() - {"bias"}):
-                out = torch.mm(weight, x.reshape(rows, x.shape[-1]).T).T.contiguous()
-                if bias is not None:
-                    out += bias
-                return out.reshape(*x.shape[:-1], weight.shape[0])
-        return func(*args, **kwargs)
+    key = id(model)
+    with _NARROW_LOCK:
+        count, layers = _NARROW_MODELS.get(key, (0, None))
+        if count == 0:
+            layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
+            for layer in layers:
+                layer.__class__ = _NarrowableLinear
+        _NARROW_MODELS[key] = (count + 1, layers)
+    _NARROW.depth += 1
+    try:
+        yield
+    finally:
+        _NARROW.depth -= 1
+        with _NARROW_LOCK:
+            count, layers = _NARROW_MODELS.pop(key)
+            if count > 1:
+                _NARROW_MODELS[key] = (count - 1, layers)
+            else:
+                for layer in layers:
+                    if type(layer) is _NarrowableLinear:
+                        layer.__class__ = torch.nn.Linear
 
 
 @functools.lru_cache(maxsize=None)
