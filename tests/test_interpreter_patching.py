@@ -1,6 +1,7 @@
 """tests/interpreter_patching.py: in force on the supported Triton versions under the interpreter, same results
 as the plain interpreter, and triton.language left as found after every launch."""
 
+import dataclasses
 import os
 
 import pytest
@@ -91,3 +92,30 @@ def test_remembered_np_dtypes_are_the_interpreters():
     for _ in range(2):  # the first answer is remembered, the second comes from memory
         for t in types:
             assert get(t) == original(t), t
+
+
+@triton.jit
+def _add_i32(x_ptr, y, out_ptr):
+    tl.store(out_ptr, tl.load(x_ptr) + y)
+
+
+def test_overflow_checks_run_only_with_debug_on():
+    """The interpreter's int32 overflow check (skipped without debug by interpreter_patching) still fails an
+    overflowing add with the interpreter's debug option on, and without it the add wraps as before."""
+    from triton.runtime import interpreter
+
+    x = torch.tensor([2**31 - 1], dtype=torch.int32)
+    out = torch.zeros(1, dtype=torch.int32)
+    _add_i32[(1,)](x, 1, out)
+    assert int(out) == -(2**31)
+    builder = interpreter.interpreter_builder
+    options = builder.options
+    assert not options.debug
+    builder.options = dataclasses.replace(options, debug=True)  # (a frozen dataclass)
+    try:
+        with pytest.raises(Exception, match="overflow"):
+            _add_i32[(1,)](x, 1, out)
+        _add_i32[(1,)](x, -1, out)  # no overflow: no error
+        assert int(out) == 2**31 - 2
+    finally:
+        builder.options = options
