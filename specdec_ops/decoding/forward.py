@@ -20,6 +20,8 @@ import contextlib
 import functools
 import inspect
 import threading
+import types
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -153,7 +155,7 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
         kwargs.pop("tree_mask", None)
         kwargs.pop("prefix_lens", None)
         kwargs.pop("tree_attention_backend", None)
-    narrow = tokens.device.type == "cpu" and 1 <= batch * width <= NARROW_ROWS
+    narrow = tokens.device.type == "cpu" and dtype == torch.float32 and 1 <= batch * width <= NARROW_ROWS
     with narrow_linears(model) if narrow else contextlib.nullcontext():
         out = model(input_ids=tokens, position_ids=start[:, None] + depth.long(), attention_mask=bias,
                     use_cache=True, **kwargs)
@@ -285,53 +287,65 @@ class _NarrowState(threading.local):
 
 _NARROW = _NarrowState()
 _NARROW_LOCK = threading.Lock()
-_NARROW_MODELS: dict[int, tuple[int, list[torch.nn.Module]]] = {}  # id(model) -> (contexts open, swapped layers)
+# id(model) -> (narrow_linears contexts open on it on any thread, the layers given _narrow_forward)
+_NARROW_OPEN: dict[int, tuple[int, list[torch.nn.Linear]]] = {}
+# model -> its nn.Linear layers that have no forward of their own (found once per model)
+_NARROW_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-class _NarrowableLinear(torch.nn.Linear):
-    """The class of a model's ``nn.Linear`` layers while ``narrow_linears(model)`` is open on some thread: on a
-    thread inside it, the layer computes ``narrow_linear`` where that applies; elsewhere exactly ``nn.Linear``."""
+def _narrow_forward(layer: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    """An nn.Linear layer's forward while ``narrow_linears`` is open on its model: ``narrow_linear`` on a
+    thread inside the context where that applies, else exactly ``F.linear``."""
+    if _NARROW.depth:
+        out = narrow_linear(input, layer.weight, layer.bias)
+        if out is not None:
+            return out
+    return F.linear(input, layer.weight, layer.bias)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if _NARROW.depth:
-            out = narrow_linear(input, self.weight, self.bias)
-            if out is not None:
-                return out
-        return F.linear(input, self.weight, self.bias)
+
+def _linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    layers = _NARROW_LAYERS.get(model)
+    if layers is None:
+        layers = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in m.__dict__]
+        _NARROW_LAYERS[model] = layers
+    return layers
 
 
 @contextlib.contextmanager
 def narrow_linears(model: torch.nn.Module):
-    """Inside it, on this thread, ``model``'s ``nn.Linear`` layers (exactly that class: subclasses keep their
-    own forward) compute ``narrow_linear`` for float32 CPU inputs of 1 to ``NARROW_ROWS`` rows.
+    """Inside it, on this thread, ``model``'s ``nn.Linear`` layers (exactly that class, and without a forward
+    of their own such as a hook library installs: others keep theirs) compute ``narrow_linear`` for float32
+    CPU inputs of 1 to ``NARROW_ROWS`` rows.
 
-    The layers' class is ``_NarrowableLinear`` while any thread has the context open on the model and
-    ``nn.Linear`` again once the last one closes it (a count per model, under a lock); another thread's
-    calls into the model meanwhile run ``F.linear`` exactly. Unlike a ``TorchFunctionMode`` (about 5 ms per
-    forward of SmolLM2-135M: every torch call of the forward crosses into Python), it costs one Python check
-    per linear layer.
+    While any thread has the context open on the model, each such layer carries ``_narrow_forward`` as its
+    instance ``forward`` (removed when the last context on the model closes: a count per model, under a
+    lock); another thread's calls into the model meanwhile run ``F.linear`` exactly. The layers are found
+    once per model (a layer added to it later keeps ``F.linear``). Unlike a ``TorchFunctionMode`` (about
+    5 ms per forward of SmolLM2-135M: every torch call of the forward crossed into Python), it costs one
+    Python call per linear layer.
     """
     key = id(model)
     with _NARROW_LOCK:
-        count, layers = _NARROW_MODELS.get(key, (0, None))
+        count, installed = _NARROW_OPEN.get(key, (0, []))
         if count == 0:
-            layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
-            for layer in layers:
-                layer.__class__ = _NarrowableLinear
-        _NARROW_MODELS[key] = (count + 1, layers)
+            installed = [layer for layer in _linear_layers(model) if "forward" not in layer.__dict__]
+            for layer in installed:
+                layer.__dict__["forward"] = types.MethodType(_narrow_forward, layer)
+        _NARROW_OPEN[key] = (count + 1, installed)
     _NARROW.depth += 1
     try:
         yield
     finally:
         _NARROW.depth -= 1
         with _NARROW_LOCK:
-            count, layers = _NARROW_MODELS.pop(key)
+            count, installed = _NARROW_OPEN.pop(key)
             if count > 1:
-                _NARROW_MODELS[key] = (count - 1, layers)
+                _NARROW_OPEN[key] = (count - 1, installed)
             else:
-                for layer in layers:
-                    if type(layer) is _NarrowableLinear:
-                        layer.__class__ = torch.nn.Linear
+                for layer in installed:
+                    own = layer.__dict__.get("forward")
+                    if getattr(own, "__func__", None) is _narrow_forward:
+                        del layer.__dict__["forward"]
 
 
 @functools.lru_cache(maxsize=None)
