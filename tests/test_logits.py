@@ -1872,9 +1872,9 @@ def test_triton_split_filters_packed_bonus_ids_and_rates():
 def test_triton_top_p_early_acceptance_is_the_full_paths(draft_probs, monkeypatch):
     """Without logprobs the split Triton kernels take top-p's early acceptance (chain_row_accepts_early: the row's
     select skipped, tau = -1 for the walk); with logprobs every row runs its select. Same tokens bit for bit, the
-    C++ op's, padded (and packed), rows of 5 chunks of one tile; and the early path ran on a good share of the
-    draft rows. (Tiles of 256, not 64: the interpreter's time grows with the tiles it loops over; several tiles a
-    chunk are test_triton_split_filters_equal_the_cpu_op's.)"""
+    C++ op's, padded (and packed), rows of 3 chunks of one tile (512, 512 and 1 entries); and the early path ran on
+    a good share of the draft rows. (Tiles of 512, not 64: the interpreter's time grows with the tiles and chunks
+    it loops over; several tiles a chunk are test_triton_split_filters_equal_the_cpu_op's.)"""
     from specdec_ops.logits import _launch_chain
 
     taus = recorded_thresholds(monkeypatch)
@@ -1883,7 +1883,7 @@ def test_triton_top_p_early_acceptance_is_the_full_paths(draft_probs, monkeypatc
     batch, k = args["draft_token_ids"].shape
     outs = [_launch_chain(args["target_logits"], args["draft_token_ids"], args["num_draft_tokens"],
                           args["draft_probs"], params, args["seeds"], args["offsets"], logprobs, batch, k, packed=False,
-                          bonus_rows=True, bonus_token_ids=None, rates=None, chunk=256, block=256, radix_block=256)
+                          bonus_rows=True, bonus_token_ids=None, rates=None, chunk=512, block=512, radix_block=512)
             for logprobs in (False, True)]
     early = taus[0].view(batch, k + 1)[:, :k] < 0
     assert not (taus[1] < 0).any() and int(early.sum()) >= 6
