@@ -111,7 +111,9 @@ def test_overflow_checks_run_only_with_debug_on():
     builder = interpreter.interpreter_builder
     options = builder.options
     assert not options.debug
-    builder.options = dataclasses.replace(options, debug=True)  # (a frozen dataclass)
+    if not dataclasses.is_dataclass(options):
+        pytest.skip("the interpreter's options are no dataclass here (Triton 3.6 and 3.8: a frozen one)")
+    builder.options = dataclasses.replace(options, debug=True)
     try:
         with pytest.raises(Exception, match="overflow"):
             _add_i32[(1,)](x, 1, out)
