@@ -109,4 +109,10 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
       "tree_rejection_sample_logits_triton(Tensor target_logits, Tensor tree_token_ids, Tensor parents, "
       "Tensor? num_nodes, Tensor? draft_probs, Tensor? temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
       "Tensor seeds, Tensor offsets, bool return_logprobs) -> (Tensor, Tensor, Tensor, Tensor)");
+
+  // ---- few-row linear products of a CPU verify forward (decoding/forward.py) -> out float32 [..., O]
+  // x float32 [..., I], weight float32 [O, I], bias float32 [O]; isa -1 = the best this CPU has (CPU only).
+  m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias=None, int isa=-1) -> Tensor");
+  // the widest instruction set skinny_linear runs with here: 0 scalar, 1 AVX2, 2 AVX-512
+  m.def("skinny_linear_isa() -> int");
 }

@@ -5,6 +5,7 @@
 // file and no *_op.cpp on its own (setup.py native_sources, CMakeLists.txt); each glue file still
 // includes what it uses and keeps its helpers in its own namespace, so that it reads alone.
 #include "kv/kv_op.cpp"
+#include "linear/linear_op.cpp"
 #include "logits/logits_op.cpp"
 #include "rejection/rejection_op.cpp"
 #include "tree/tree_op.cpp"

@@ -33,6 +33,7 @@ from .logits import (process_logits, rejection_sample_logits, rejection_sample_l
                      tree_rejection_sample_logits)
 from .types import LogitsSampleOutput, LogitsTreeSampleOutput  # noqa: E402
 from . import distributed  # noqa: E402  (vocab-parallel verification, DESIGN.md §5.8)
+from . import linear  # noqa: E402,F401  (few-row CPU products of the decode loop's forward)
 
 __version__ = "0.1.0"
 
