@@ -441,17 +441,36 @@ def test_forward_logits_at_equals_full_logits_rows(target, keep_limit, monkeypat
     torch.testing.assert_close(rows, full[torch.arange(2), at], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 16, 17])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-def test_narrow_linear_is_linear(rows, bias):
-    """narrow_linear over 1..NARROW_ROWS rows (W @ x^T; one row padded to two) equals F.linear to rounding,
-    has F.linear's shape and is contiguous; other row counts and dtypes are not its to compute (None). Inside
-    narrow_linears an nn.Linear layer gives the same, and bit for bit F.linear where narrow_linear declines."""
+@pytest.mark.parametrize("kernel", ["skinny", "mm"])
+def test_narrow_linear_is_linear(rows, bias, kernel, monkeypatch):
+    """narrow_linear over 1..narrow_rows() rows equals F.linear to rounding, has F.linear's shape and is
+    contiguous; other row counts and dtypes are not its to compute (None). Inside narrow_linears an
+    nn.Linear layer gives the same, and bit for bit F.linear where narrow_linear declines. Both products:
+    the skinny_linear kernel (up to SKINNY_ROWS rows, where it is vectorized) and W @ x^T (up to
+    NARROW_ROWS rows, one row padded to two; where it is not)."""
     import torch.nn.functional as F
 
-    from specdec_ops.decoding.forward import NARROW_ROWS, narrow_linear, narrow_linears
+    from specdec_ops.decoding import forward as forward_mod
+    from specdec_ops.decoding.forward import narrow_linear, narrow_linears, narrow_rows
 
-    assert NARROW_ROWS == 5
+    assert (forward_mod.SKINNY_ROWS, forward_mod.NARROW_ROWS) == (16, 5)
+    if kernel == "skinny" and not forward_mod._skinny_kernel():
+        pytest.skip("skinny_linear is not vectorized on this CPU")
+    if kernel == "mm":
+        monkeypatch.setattr(forward_mod, "_skinny_kernel", lambda: False)
+    limit = narrow_rows()
+    assert limit == (16 if kernel == "skinny" else 5)
+    used = []
+    skinny = torch.ops.specdec.skinny_linear.default
+
+    class Recording:
+        def default(self, *args):
+            used.append(args[0].shape)
+            return skinny(*args)
+
+    monkeypatch.setattr(torch.ops.specdec, "skinny_linear", Recording())
     gen = torch.Generator().manual_seed(rows)
     layer = torch.nn.Linear(40, 48, bias=bias)
     with torch.no_grad():
@@ -466,14 +485,17 @@ def test_narrow_linear_is_linear(rows, bias):
         with torch.no_grad(), narrow_linears(layer):
             in_layer = layer(x)
         assert narrow_linear(x.bfloat16(), w.bfloat16()) is None
-        if rows > NARROW_ROWS:  # not taken: bit for bit F.linear
+        if rows > limit:  # not taken: bit for bit F.linear
             assert out is None
             assert torch.equal(in_layer, F.linear(x, w, b))
             continue
         assert out.shape == (*shape[:-1], 48) and out.is_contiguous()
         torch.testing.assert_close(out.double(), exact, atol=1e-4, rtol=1e-5)
         assert torch.equal(in_layer, out)
+    assert len(used) == (4 if kernel == "skinny" and rows <= limit else 0)
     assert narrow_linear(torch.randn(2, 39), w) is None  # F.linear's own shape error is kept
+    if bias:
+        assert narrow_linear(torch.randn(2, 40), w, b.double()) is None   # and its dtype error
 
 
 def test_narrow_linears_is_scoped_to_its_thread_and_model():
@@ -546,10 +568,12 @@ def test_narrow_linears_is_scoped_to_its_thread_and_model():
         assert forward_mod._NARROW.depth == 0 and not forward_mod._NARROW_OPEN
 
 
-@pytest.mark.parametrize("batch,width", [(1, 1), (1, 2), (1, 4), (1, 5), (2, 2), (2, 3), (3, 1)])
+@pytest.mark.parametrize("batch,width", [(1, 1), (1, 2), (1, 4), (1, 5), (2, 2), (2, 3), (3, 1), (1, 16),
+                                         (2, 8), (1, 17), (3, 6)])
 def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width, monkeypatch):
-    """forward() on CPU enters narrow_linears exactly when batch x window is 1..NARROW_ROWS rows, and its
-    logits equal those of the plain F.linear forward to rounding."""
+    """forward() on CPU enters narrow_linears exactly when batch x window is 1..narrow_rows() rows (16 with
+    the skinny_linear kernel, else 5), and its logits equal those of the plain F.linear forward to
+    rounding."""
     from specdec_ops.decoding import forward as forward_mod
 
     entered = []
@@ -560,16 +584,17 @@ def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width,
         return narrow_linears(model)
 
     monkeypatch.setattr(forward_mod, "narrow_linears", recording)
-    tokens = torch.tensor([PROMPTS[0][i:i + width] for i in range(batch)])
+    tokens = torch.tensor([(PROMPTS[0] * 4)[i:i + width] for i in range(batch)])
+    rows = forward_mod.narrow_rows()
     results = []
     with torch.inference_mode():
-        for limit in (forward_mod.NARROW_ROWS, 0):
-            monkeypatch.setattr(forward_mod, "NARROW_ROWS", limit)
-            cache = forward_mod.RaggedKVCache(target, batch, 16, torch.device("cpu"), torch.float32)
+        for limit in (rows, 0):
+            monkeypatch.setattr(forward_mod, "narrow_rows", lambda: limit)
+            cache = forward_mod.RaggedKVCache(target, batch, 24, torch.device("cpu"), torch.float32)
             cache.seq_lens.fill_(3)
             mask, depth = forward_mod.chain_tree(width, batch, tokens.device)
             results.append(forward_mod.forward(target, cache, tokens, cache.seq_lens, depth, mask))
-    assert entered == ([target] if 1 <= batch * width <= 5 else [])
+    assert entered == ([target] if 1 <= batch * width <= rows else [])
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
 
 

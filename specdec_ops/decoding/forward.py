@@ -155,7 +155,7 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
         kwargs.pop("tree_mask", None)
         kwargs.pop("prefix_lens", None)
         kwargs.pop("tree_attention_backend", None)
-    narrow = tokens.device.type == "cpu" and dtype == torch.float32 and 1 <= batch * width <= NARROW_ROWS
+    narrow = tokens.device.type == "cpu" and dtype == torch.float32 and 1 <= batch * width <= narrow_rows()
     with narrow_linears(model) if narrow else contextlib.nullcontext():
         out = model(input_ids=tokens, position_ids=start[:, None] + depth.long(), attention_mask=bias,
                     use_cache=True, **kwargs)
@@ -249,25 +249,48 @@ def _source(obj) -> str:
 _KEEP_LIMIT = 1 << 26
 
 
-# CPU forwards over at most this many rows (batch x window) run their linear layers as ``W @ x^T`` with the
-# rows as columns (narrow_linears), one row padded to two. Measured on SmolLM2-135M's 211 weight matrices
-# (30 layers and the output projection, float32, one thread, weights streamed from memory; ms, F.linear ->
-# W @ x^T): 1 row 45.9 -> 32.1 (padded to 2; 49.1 unpadded), 2: 72.6 -> 30.3, 3: 93.0 -> 47.5,
-# 4: 65.6 -> 46.8, 5: 73.9 -> 60.1; from 6 rows on F.linear is as fast or faster (8: 75.6 -> 79.7). The CPU
-# BLAS multiplies by two columns far faster than by one (a matrix-vector product) or by a few rows.
+# CPU forwards over at most narrow_rows() rows (batch x window) run their linear layers through
+# narrow_linear (narrow_linears): with the package's kernel (specdec_ops.linear.skinny_linear, on CPUs with
+# AVX2 or AVX-512) up to SKINNY_ROWS rows, else up to NARROW_ROWS rows as ``W @ x^T`` with the rows as
+# columns, one row padded to two. Measured on SmolLM2-135M's 211 weight matrices (30 layers and the output
+# projection, float32, one thread, weights streamed from memory, an AVX-512 CPU; ms, F.linear / W @ x^T /
+# skinny_linear; bench/bench_forward_cost.py --products): 1 row 45.6 / 33.1 (padded) / 26.5,
+# 2: 75.8 / 32.3 / 31.6, 3: 96.9 / 50.8 / 38.4, 4: 66.1 / 49.5 / 42.4, 5: 86.1 / 71.3 / 48.7,
+# 8: 77.1 / 83.0 / 55.4, 16: 97.4 / 109.0 / 85.1, 24: 118.2 / 145.9 / 114.1. The CPU BLAS multiplies by two
+# columns far faster than by one or by a few rows; from about 24 rows on it is as fast as the kernel.
+SKINNY_ROWS = 16
 NARROW_ROWS = 5
 _NARROW_PAD = {1: 2}  # rows -> columns multiplied (the padding columns are zeros; their outputs are dropped)
 
 
+@functools.cache
+def _skinny_kernel() -> bool:
+    """Whether skinny_linear runs vectorized here (AVX2 or AVX-512): its scalar path is no faster than
+    the BLAS."""
+    from specdec_ops.linear import skinny_linear_isa
+    return skinny_linear_isa() in ("avx2", "avx512")
+
+
+def narrow_rows() -> int:
+    """The most rows (batch x window) a CPU forward runs through narrow_linear: SKINNY_ROWS where the
+    skinny_linear kernel is vectorized, else NARROW_ROWS."""
+    return SKINNY_ROWS if _skinny_kernel() else NARROW_ROWS
+
+
 def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """``F.linear(x, weight, bias)`` as ``(W @ x^T)^T`` (+ bias), contiguous, for float32 CPU operands with 1 to
-    ``NARROW_ROWS`` rows (one row is multiplied as two: the second all zeros); None for any other input
-    (the caller runs F.linear). Equal to F.linear to rounding: another summation order, as a product over a
+    """``F.linear(x, weight, bias)`` for float32 CPU operands of few rows, contiguous, or None for any other
+    input (the caller runs F.linear): up to SKINNY_ROWS rows with the skinny_linear kernel where it is
+    vectorized, else up to NARROW_ROWS rows as ``(W @ x^T)^T`` (+ bias; one row is multiplied as two, the
+    second all zeros). Equal to F.linear to rounding: another summation order, as a product over a
     different number of rows already has."""
     if not (x.dim() and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and weight.dim() == 2 and x.shape[-1] == weight.shape[1]):
+            and weight.dim() == 2 and x.shape[-1] == weight.shape[1] and weight.device.type == "cpu"
+            and (bias is None or (bias.dtype == torch.float32 and bias.device.type == "cpu"
+                                  and bias.shape == weight.shape[:1]))):
         return None
     rows = x.numel() // max(x.shape[-1], 1)
+    if 1 <= rows <= SKINNY_ROWS and _skinny_kernel():
+        return torch.ops.specdec.skinny_linear.default(x, weight, bias, -1)
     if not 1 <= rows <= NARROW_ROWS:
         return None
     flat = x.reshape(rows, x.shape[-1])
@@ -315,7 +338,7 @@ def _linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
 def narrow_linears(model: torch.nn.Module):
     """Inside it, on this thread, ``model``'s ``nn.Linear`` layers (exactly that class, and without a forward
     of their own such as a hook library installs: others keep theirs) compute ``narrow_linear`` for float32
-    CPU inputs of 1 to ``NARROW_ROWS`` rows.
+    CPU inputs of 1 to ``narrow_rows()`` rows.
 
     While any thread has the context open on the model, each such layer carries ``_narrow_forward`` as its
     instance ``forward`` (removed when the last context on the model closes: a count per model, under a
