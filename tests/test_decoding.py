@@ -441,7 +441,7 @@ def test_forward_logits_at_equals_full_logits_rows(target, keep_limit, monkeypat
     torch.testing.assert_close(rows, full[torch.arange(2), at], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 16, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 16, 32, 33])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("kernel", ["skinny", "mm"])
 def test_narrow_linear_is_linear(rows, bias, kernel, monkeypatch):
@@ -455,13 +455,13 @@ def test_narrow_linear_is_linear(rows, bias, kernel, monkeypatch):
     from specdec_ops.decoding import forward as forward_mod
     from specdec_ops.decoding.forward import narrow_linear, narrow_linears, narrow_rows
 
-    assert (forward_mod.SKINNY_ROWS, forward_mod.NARROW_ROWS) == (16, 5)
+    assert (forward_mod.SKINNY_ROWS, forward_mod.NARROW_ROWS) == (32, 5)
     if kernel == "skinny" and not forward_mod._skinny_kernel():
         pytest.skip("skinny_linear is not vectorized on this CPU")
     if kernel == "mm":
         monkeypatch.setattr(forward_mod, "_skinny_kernel", lambda: False)
     limit = narrow_rows()
-    assert limit == (16 if kernel == "skinny" else 5)
+    assert limit == (32 if kernel == "skinny" else 5)
     used = []
     skinny = torch.ops.specdec.skinny_linear.default
 
@@ -568,10 +568,10 @@ def test_narrow_linears_is_scoped_to_its_thread_and_model():
         assert forward_mod._NARROW.depth == 0 and not forward_mod._NARROW_OPEN
 
 
-@pytest.mark.parametrize("batch,width", [(1, 1), (1, 2), (1, 4), (1, 5), (2, 2), (2, 3), (3, 1), (1, 16),
-                                         (2, 8), (1, 17), (3, 6)])
+@pytest.mark.parametrize("batch,width", [(1, 1), (1, 2), (1, 4), (1, 5), (2, 2), (2, 3), (3, 1), (1, 32),
+                                         (2, 16), (1, 33), (3, 6), (3, 11)])
 def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width, monkeypatch):
-    """forward() on CPU enters narrow_linears exactly when batch x window is 1..narrow_rows() rows (16 with
+    """forward() on CPU enters narrow_linears exactly when batch x window is 1..narrow_rows() rows (32 with
     the skinny_linear kernel, else 5), and its logits equal those of the plain F.linear forward to
     rounding."""
     from specdec_ops.decoding import forward as forward_mod
@@ -590,7 +590,7 @@ def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width,
     with torch.inference_mode():
         for limit in (rows, 0):
             monkeypatch.setattr(forward_mod, "narrow_rows", lambda: limit)
-            cache = forward_mod.RaggedKVCache(target, batch, 24, torch.device("cpu"), torch.float32)
+            cache = forward_mod.RaggedKVCache(target, batch, 40, torch.device("cpu"), torch.float32)
             cache.seq_lens.fill_(3)
             mask, depth = forward_mod.chain_tree(width, batch, tokens.device)
             results.append(forward_mod.forward(target, cache, tokens, cache.seq_lens, depth, mask))
