@@ -5,9 +5,9 @@ window (1 + the draft's tokens per request). Over 1-16 rows a CPU torch's sgemm 
 memory bound nor the arithmetic one; ``skinny_linear`` is a kernel for exactly that product
 (``csrc/linear/linear_cpu.cpp``: every weight element read from memory once, tiles of 8 weight rows x 2
 rows of x in AVX-512 registers, or 4 x 2 with AVX2). Measured over SmolLM2-135M's 211 weight matrices
-(538 MB of float32, one thread, AVX-512; ms for 1 / 2 / 8 / 16 rows): F.linear 45.6 / 75.8 / 77.1 / 97.4,
-this kernel 26.5 / 31.6 / 55.4 / 85.1; a whole verify forward over 1 / 8 / 16 tokens 58.6 / 102.4 / 128.8
-ms with F.linear, 39.2 / 76.0 / 108.4 with it (``python bench/bench_forward_cost.py --products``).
+(538 MB of float32, one thread, AVX-512; ms for 1 / 2 / 8 / 16 rows): F.linear 46.6 / 74.6 / 74.4 / 95.1,
+this kernel 26.4 / 32.9 / 55.5 / 83.9; a whole verify forward over 1 / 8 / 16 tokens 61.4 / 101.7 / 135.0
+ms with F.linear, 39.1 / 77.1 / 108.0 with it (``python bench/bench_forward_cost.py --products``).
 The decode loop uses it for CPU windows of up to ``decoding.forward.SKINNY_ROWS`` rows
 (``decoding.forward.narrow_linears``).
 

@@ -271,6 +271,19 @@ def _check_tree_masks(ns):
     assert torch.equal(ns["positions"], ns["prefix_lens"][:, None] + info.depth)
 
 
+def _setup_linear(ns):
+    ns.update(x=torch.randn(2, 3, 64), weight=torch.randn(48, 64), bias=torch.randn(48))
+
+
+def _check_linear(ns):
+    from specdec_ops.linear import ISAS, skinny_linear_isa
+
+    out = ns["out"]
+    assert out.shape == (2, 3, 48) and out.dtype == torch.float32
+    torch.testing.assert_close(out, torch.nn.functional.linear(ns["x"], ns["weight"], ns["bias"]), rtol=1e-5, atol=1e-4)
+    assert skinny_linear_isa() in ISAS
+
+
 def _setup_hf(ns):
     from transformers import DynamicCache
 
@@ -351,6 +364,7 @@ RUN = {
     "hugging-face-models": dict(after="tree-attention-masks", setup=_setup_hf, check=_check_hf),
     "kv-commit-in-place-pointer-rollback-kv-commit-2": dict(
         instrument=("specdec_ops.kv_commit(k_caches + v_caches", KV_SNAPSHOT), check=_check_kv_commit),
+    "few-row-linear-products-on-the-cpu-skinny-linear": dict(setup=_setup_linear, check=_check_linear),
     "using-the-ops-in-your-engine": dict(check=_check_engine),
     "tensor-parallel-verification-specdec-ops-distributed": dict(torchrun=True),
 }

@@ -4,8 +4,8 @@
 // Why a kernel of its own: over 1-16 rows the BLAS sgemm of a CPU torch reaches neither the memory nor the
 // arithmetic bound. Measured over SmolLM2-135M's 211 weight matrices (538 MB of float32, one thread, an
 // AMD EPYC with AVX-512, where plain vector loads stream them in 21 ms; `python bench/bench_forward_cost.py
-// --products`), ms for 1 / 2 / 3 / 8 / 16 / 32 rows: F.linear 45.6 / 75.8 / 96.9 / 77.1 / 97.4 / 149.0,
-// this kernel 26.5 / 31.6 / 38.4 / 55.4 / 85.1 / 142.3.
+// --products`), ms for 1 / 2 / 3 / 8 / 16 / 32 rows: F.linear 46.6 / 74.6 / 93.8 / 74.4 / 95.1 / 138.6,
+// this kernel 26.4 / 32.9 / 40.2 / 55.5 / 83.9 / 142.7.
 //
 // Layout of the work: every weight element is read from memory once. A tile holds OB weight rows and RB
 // rows of x: per step of one vector (16 floats AVX-512, 8 AVX2) it loads OB + RB vectors and issues
@@ -13,7 +13,7 @@
 // the row. The RB-row blocks of x after the first re-read the tile's weight rows from L1 (OB rows of
 // 576-1536 floats: 18-48 KB). AVX-512: OB = 8, RB = 2 (16 accumulators of 32 registers); one row alone
 // OB = 16, RB = 1; two rows alone OB = 16, RB = 2 (more weight rows streamed at once: 32.7 against 35 ms
-// above). AVX2: OB = 4, RB = 2 (8 accumulators + 6 operands of 16 registers); one row alone OB = 8, RB = 1.
+// with 8 x 2). AVX2: OB = 4, RB = 2 (8 accumulators + 6 operands of 16 registers); one row alone OB = 8, RB = 1.
 // Weight rows left over (out_features % OB) run as tiles of one row; the first elements of a row, up to a
 // cache-line boundary of the weight, and the last partial vector are masked loads. Tiles of 16 weight rows
 // are spread over torch's intra-op threads.
@@ -21,8 +21,8 @@
 // What g++ -O3 makes of the hot loop (objdump of tile_avx512<8, 2>): 22 instructions per 16 floats of 8
 // weight rows, 16 vfmadd231ps with the weight as a memory operand (each weight vector read twice, the
 // second time from L1) and 2 loads of x, no spills; tile_avx512<16, 1>: 16 vfmadd231ps and 1 load. So a
-// weight float costs 1/16 of a load and R/16 FMA slots: one row is bound by memory (26.5 ms against the
-// 21 ms stream), 16 rows by the FMA and load ports (R x 135M / 16 = 135M vector FMAs in 85 ms).
+// weight float costs 1/16 of a load and R/16 FMA slots: one row is bound by memory (26.4 ms against the
+// 21 ms stream), 16 rows by the FMA and load ports (R x 135M / 16 = 135M vector FMAs in 84 ms).
 //
 // Each output is one dot product summed lane by lane and then across lanes: another summation order
 // than a BLAS's, so equal to F.linear to rounding (the decode loop's greedy output is checked token for

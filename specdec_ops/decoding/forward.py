@@ -254,12 +254,13 @@ _KEEP_LIMIT = 1 << 26
 # AVX2 or AVX-512) up to SKINNY_ROWS rows, else up to NARROW_ROWS rows as ``W @ x^T`` with the rows as
 # columns, one row padded to two. Measured on SmolLM2-135M's 211 weight matrices (30 layers and the output
 # projection, float32, one thread, weights streamed from memory, an AVX-512 CPU; ms, F.linear / W @ x^T /
-# skinny_linear; bench/bench_forward_cost.py --products): 1 row 45.6 / 33.1 (padded) / 26.5,
-# 2: 75.8 / 32.3 / 31.6, 3: 96.9 / 50.8 / 38.4, 4: 66.1 / 49.5 / 42.4, 5: 86.1 / 71.3 / 48.7,
-# 8: 77.1 / 83.0 / 55.4, 16: 97.4 / 109.0 / 85.1, 24: 118.2 / 145.9 / 114.1, 32: 149.0 / 157.2 / 142.3. The CPU
-# BLAS multiplies by two columns far faster than by one or by a few rows; from about 24 rows on it is about as
-# fast as the kernel, which runs up to 32 rows all the same: a verify forward's cost then has no step where
-# the product changes hands inside the cost model's table (measured at 16 and 32 tokens, interpolated between).
+# skinny_linear; bench/bench_forward_cost.py --products): 1 row 46.6 / 32.8 (padded) / 26.4,
+# 2: 74.6 / 31.8 / 32.9, 3: 93.8 / 52.7 / 40.2, 4: 70.3 / 65.7 / 49.0, 5: 76.3 / 62.4 / 46.0,
+# 8: 74.4 / 81.1 / 55.5, 16: 95.1 / 106.9 / 83.9, 24: 115.4 / 145.4 / 112.3, 32: 138.6 / 155.1 / 142.7. The
+# CPU BLAS multiplies by two columns far faster than by one or by a few rows; from about 24 rows on it is
+# about as fast as the kernel, which runs up to 32 rows all the same: a verify forward's cost then has no
+# step where the product changes hands inside the cost model's table (measured at 16 and 32 tokens,
+# interpolated between).
 SKINNY_ROWS = 32
 NARROW_ROWS = 5
 _NARROW_PAD = {1: 2}  # rows -> columns multiplied (the padding columns are zeros; their outputs are dropped)
