@@ -9,7 +9,8 @@ rows of x in AVX-512 registers, or 4 x 2 with AVX2). Measured over SmolLM2-135M'
 this kernel 26.4 / 32.9 / 55.5 / 83.9; a whole verify forward over 1 / 8 / 16 tokens 61.4 / 101.7 / 135.0
 ms with F.linear, 39.1 / 77.1 / 108.0 with it (``python bench/bench_forward_cost.py --products``).
 The decode loop uses it for CPU windows of up to ``decoding.forward.SKINNY_ROWS`` rows
-(``decoding.forward.narrow_linears``).
+(``decoding.forward.narrow_linears``) when torch runs one intra-op thread: the kernel itself runs on one
+(the package's C++ CPU kernels are compiled without OpenMP, so ``at::parallel_for`` runs serially).
 
 It is CPU-only and float32-only: a GPU multiplies a few rows with cuBLAS at its memory bound.
 """

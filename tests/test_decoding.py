@@ -441,15 +441,24 @@ def test_forward_logits_at_equals_full_logits_rows(target, keep_limit, monkeypat
     torch.testing.assert_close(rows, full[torch.arange(2), at], atol=1e-5, rtol=1e-5)
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one intra-op thread for the test (skinny_linear is used only there), then as it was."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 16, 32, 33])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("kernel", ["skinny", "mm"])
-def test_narrow_linear_is_linear(rows, bias, kernel, monkeypatch):
+def test_narrow_linear_is_linear(rows, bias, kernel, monkeypatch, one_thread):
     """narrow_linear over 1..narrow_rows() rows equals F.linear to rounding, has F.linear's shape and is
     contiguous; other row counts and dtypes are not its to compute (None). Inside narrow_linears an
     nn.Linear layer gives the same, and bit for bit F.linear where narrow_linear declines. Both products:
-    the skinny_linear kernel (up to SKINNY_ROWS rows, where it is vectorized) and W @ x^T (up to
-    NARROW_ROWS rows, one row padded to two; where it is not)."""
+    the skinny_linear kernel (up to SKINNY_ROWS rows, where it is vectorized and torch runs one thread)
+    and W @ x^T (up to NARROW_ROWS rows, one row padded to two; elsewhere)."""
     import torch.nn.functional as F
 
     from specdec_ops.decoding import forward as forward_mod
@@ -568,9 +577,34 @@ def test_narrow_linears_is_scoped_to_its_thread_and_model():
         assert forward_mod._NARROW.depth == 0 and not forward_mod._NARROW_OPEN
 
 
+def test_skinny_linear_only_on_one_thread(monkeypatch):
+    """skinny_linear runs on one thread: with more torch threads narrow_linear multiplies W @ x^T (the BLAS's
+    parallel product) and forwards narrow up to NARROW_ROWS rows only."""
+    from specdec_ops.decoding import forward as forward_mod
+
+    monkeypatch.setattr(forward_mod, "_skinny_kernel", lambda: True)
+    calls = []
+    monkeypatch.setattr(torch.ops.specdec, "skinny_linear",
+                        type("Recording", (), {"default": staticmethod(lambda *a: calls.append(a) or
+                                                                       torch.zeros(a[0].shape[0], a[1].shape[0]))})())
+    threads = torch.get_num_threads()
+    x, w = torch.randn(3, 8), torch.randn(4, 8)
+    try:
+        torch.set_num_threads(2)
+        assert forward_mod.narrow_rows() == forward_mod.NARROW_ROWS
+        torch.testing.assert_close(forward_mod.narrow_linear(x, w), x @ w.T, atol=1e-5, rtol=1e-5)
+        assert forward_mod.narrow_linear(torch.randn(6, 8), w) is None and not calls
+        torch.set_num_threads(1)
+        assert forward_mod.narrow_rows() == forward_mod.SKINNY_ROWS
+        forward_mod.narrow_linear(x, w)
+        assert len(calls) == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("batch,width", [(1, 1), (1, 2), (1, 4), (1, 5), (2, 2), (2, 3), (3, 1), (1, 32),
                                          (2, 16), (1, 33), (3, 6), (3, 11)])
-def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width, monkeypatch):
+def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width, monkeypatch, one_thread):
     """forward() on CPU enters narrow_linears exactly when batch x window is 1..narrow_rows() rows (32 with
     the skinny_linear kernel, else 5), and its logits equal those of the plain F.linear forward to
     rounding."""

@@ -15,8 +15,9 @@
 // OB = 16, RB = 1; two rows alone OB = 16, RB = 2 (more weight rows streamed at once: 32.7 against 35 ms
 // with 8 x 2). AVX2: OB = 4, RB = 2 (8 accumulators + 6 operands of 16 registers); one row alone OB = 8, RB = 1.
 // Weight rows left over (out_features % OB) run as tiles of one row; the first elements of a row, up to a
-// cache-line boundary of the weight, and the last partial vector are masked loads. Tiles of 16 weight rows
-// are spread over torch's intra-op threads.
+// cache-line boundary of the weight, and the last partial vector are masked loads. Tasks of 16 weight rows
+// go through at::parallel_for, which runs them serially here: the extension is compiled without OpenMP
+// (as every CPU kernel of the package is), so the decode loop uses this kernel on one torch thread only.
 //
 // What g++ -O3 makes of the hot loop (objdump of tile_avx512<8, 2>): 22 instructions per 16 floats of 8
 // weight rows, 16 vfmadd231ps with the weight as a memory operand (each weight vector read twice, the

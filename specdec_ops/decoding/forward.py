@@ -249,18 +249,17 @@ def _source(obj) -> str:
 _KEEP_LIMIT = 1 << 26
 
 
-# CPU forwards over at most narrow_rows() rows (batch x window) run their linear layers through
-# narrow_linear (narrow_linears): with the package's kernel (specdec_ops.linear.skinny_linear, on CPUs with
-# AVX2 or AVX-512) up to SKINNY_ROWS rows, else up to NARROW_ROWS rows as ``W @ x^T`` with the rows as
-# columns, one row padded to two. Measured on SmolLM2-135M's 211 weight matrices (30 layers and the output
-# projection, float32, one thread, weights streamed from memory, an AVX-512 CPU; ms, F.linear / W @ x^T /
-# skinny_linear; bench/bench_forward_cost.py --products): 1 row 46.6 / 32.8 (padded) / 26.4,
-# 2: 74.6 / 31.8 / 32.9, 3: 93.8 / 52.7 / 40.2, 4: 70.3 / 65.7 / 49.0, 5: 76.3 / 62.4 / 46.0,
-# 8: 74.4 / 81.1 / 55.5, 16: 95.1 / 106.9 / 83.9, 24: 115.4 / 145.4 / 112.3, 32: 138.6 / 155.1 / 142.7. The
-# CPU BLAS multiplies by two columns far faster than by one or by a few rows; from about 24 rows on it is
-# about as fast as the kernel, which runs up to 32 rows all the same: a verify forward's cost then has no
-# step where the product changes hands inside the cost model's table (measured at 16 and 32 tokens,
-# interpolated between).
+# CPU forwards over at most narrow_rows() rows (batch x window) run their linear layers through narrow_linear
+# (narrow_linears): with the package's kernel (specdec_ops.linear.skinny_linear, on CPUs with AVX2 or AVX-512, with
+# one torch thread: _skinny_here) up to SKINNY_ROWS rows, else up to NARROW_ROWS rows as ``W @ x^T`` with the rows as
+# columns, one row padded to two. Measured on SmolLM2-135M's 211 weight matrices (30 layers and the output projection,
+# float32, one thread, weights streamed from memory, an AVX-512 CPU; ms, F.linear / W @ x^T / skinny_linear;
+# bench/bench_forward_cost.py --products): 1 row 46.6 / 32.8 (padded) / 26.4, 2: 74.6 / 31.8 / 32.9, 3: 93.8 / 52.7 /
+# 40.2, 4: 70.3 / 65.7 / 49.0, 5: 76.3 / 62.4 / 46.0, 8: 74.4 / 81.1 / 55.5, 16: 95.1 / 106.9 / 83.9, 24: 115.4 /
+# 145.4 / 112.3, 32: 138.6 / 155.1 / 142.7. The CPU BLAS multiplies by two columns far faster than by one or by a few
+# rows; from about 24 rows on it is about as fast as the kernel, which runs up to 32 rows all the same: a verify
+# forward's cost then has no step where the product changes hands inside the cost model's table (measured at 16 and 32
+# tokens, interpolated between).
 SKINNY_ROWS = 32
 NARROW_ROWS = 5
 _NARROW_PAD = {1: 2}  # rows -> columns multiplied (the padding columns are zeros; their outputs are dropped)
@@ -274,25 +273,34 @@ def _skinny_kernel() -> bool:
     return skinny_linear_isa() in ("avx2", "avx512")
 
 
+def _skinny_here() -> bool:
+    """Whether narrow_linear runs skinny_linear now: it is vectorized on this CPU and torch runs one intra-op
+    thread. The kernel runs on one thread (the package's CPU kernels are compiled without OpenMP, so
+    at::parallel_for runs their range serially); with two threads the BLAS's own parallel ``W @ x^T`` is
+    faster (SmolLM2-135M's products over 1 / 2 / 3 / 4 rows, 2 threads, ms: 23-33 / 20 / 28-31 / 29-31
+    against the kernel's 28.5 / 34.2 / 40.7 / 45.5)."""
+    return _skinny_kernel() and torch.get_num_threads() == 1
+
+
 def narrow_rows() -> int:
     """The most rows (batch x window) a CPU forward runs through narrow_linear: SKINNY_ROWS where the
-    skinny_linear kernel is vectorized, else NARROW_ROWS."""
-    return SKINNY_ROWS if _skinny_kernel() else NARROW_ROWS
+    skinny_linear kernel runs (vectorized, one torch thread), else NARROW_ROWS."""
+    return SKINNY_ROWS if _skinny_here() else NARROW_ROWS
 
 
 def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """``F.linear(x, weight, bias)`` for float32 CPU operands of few rows, contiguous, or None for any other
-    input (the caller runs F.linear): up to SKINNY_ROWS rows with the skinny_linear kernel where it is
-    vectorized, else up to NARROW_ROWS rows as ``(W @ x^T)^T`` (+ bias; one row is multiplied as two, the
-    second all zeros). Equal to F.linear to rounding: another summation order, as a product over a
-    different number of rows already has."""
+    """``F.linear(x, weight, bias)`` for float32 CPU operands of few rows, contiguous, or None for any other input
+    (the caller runs F.linear): up to SKINNY_ROWS rows with the skinny_linear kernel where it runs (vectorized, one
+    torch thread), else up to NARROW_ROWS rows as ``(W @ x^T)^T`` (+ bias; one row is multiplied as two, the second
+    all zeros). Equal to F.linear to rounding: another summation order, as a product over a different number of rows
+    already has."""
     if not (x.dim() and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and weight.dim() == 2 and x.shape[-1] == weight.shape[1] and weight.device.type == "cpu"
             and (bias is None or (bias.dtype == torch.float32 and bias.device.type == "cpu"
                                   and bias.shape == weight.shape[:1]))):
         return None
     rows = x.numel() // max(x.shape[-1], 1)
-    if 1 <= rows <= SKINNY_ROWS and _skinny_kernel():
+    if 1 <= rows <= SKINNY_ROWS and _skinny_here():
         return torch.ops.specdec.skinny_linear.default(x, weight, bias, -1)
     if not 1 <= rows <= NARROW_ROWS:
         return None
