@@ -32,7 +32,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "linear_params.h"
 
@@ -231,15 +231,15 @@ void skinny_linear_cpu(const SkinnyLinearParams& params, SkinnyIsa isa) {
   // every tile, so they are laid out here at the same offset within a line as the weight (a copy of a
   // few rows), making both loads of the inner loop aligned.
   SkinnyLinearParams p = params;
-  std::vector<float> scratch;
+  std::unique_ptr<float[]> scratch;   // not zeroed: the kernels never read past in_features of a row
   const uintptr_t w_offset = reinterpret_cast<uintptr_t>(p.weight) % 64;
   const bool rows_alike = (p.w_stride * sizeof(float)) % 64 == 0;
   if (isa != SkinnyIsa::kScalar && rows_alike && w_offset % sizeof(float) == 0 &&
       (reinterpret_cast<uintptr_t>(p.x) % 64 != w_offset || (p.x_stride * sizeof(float)) % 64 != 0)) {
     const int64_t stride = (p.in_features + 15) / 16 * 16;
-    scratch.resize(static_cast<size_t>(p.rows * stride + 32));
-    const uintptr_t base = reinterpret_cast<uintptr_t>(scratch.data());
-    float* dst = scratch.data() + ((64 + w_offset - base % 64) % 64) / sizeof(float);
+    scratch.reset(new float[static_cast<size_t>(p.rows * stride + 16)]);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(scratch.get());
+    float* dst = scratch.get() + ((64 + w_offset - base % 64) % 64) / sizeof(float);
     for (int64_t r = 0; r < p.rows; ++r) {
       std::copy(p.x + r * p.x_stride, p.x + r * p.x_stride + p.in_features, dst + r * stride);
     }
