@@ -789,13 +789,14 @@ def test_bonus_rows_are_never_read():
         assert_same(call(poisoned, backend), ref)
 
 
-def _place_invalid(args, vocab):
-    """-1 and V placeholders at the first, a middle and the last used slot of several requests."""
+def _place_invalid(args, vocab, clean=()):
+    """-1 and V placeholders at the first, a middle and the last used slot of several requests (not in the
+    requests ``clean``)."""
     ids = args["draft_token_ids"].clone()
     n = args["num_draft_tokens"]
     for b in range(ids.shape[0]):
         nb = int(n[b])
-        if nb == 0:
+        if nb == 0 or b in clean:
             continue
         slot = [0, nb // 2, nb - 1][b % 3]
         ids[b, slot] = -1 if b % 2 else vocab
@@ -927,14 +928,22 @@ def test_synthetic_correction_is_distributed_as_the_residual(draft_probs):
 @pytest.mark.parametrize("backend", [b for b in ENGINE_BACKENDS if b != "reference"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_engine_keywords_mixed_match_reference(backend, seed):
-    """Random batches mixing all three keywords, padded and packed, with and without bonus rows."""
+    """Random batches mixing all three keywords, padded and packed, with and without bonus rows. Every other
+    request keeps its drafts free of placeholders, so that chains with drafts are accepted to the end and
+    take the external bonus id (not only requests without drafts)."""
     vocab, k = 37, 4
     args = make_batch(15, k, vocab, draft_probs=seed != 1, seed=90 + seed)
     g = torch.Generator().manual_seed(seed)
-    args = _place_invalid(args, vocab)
+    clean = range(1, 15, 2)
+    args = _place_invalid(args, vocab, clean=clean)
     args.update(bonus_token_ids=with_bonus(args, seed=seed), reject_invalid_drafts=True,
                 synthetic_acceptance_rates=torch.rand(k + seed, generator=g) if seed != 2 else None)
     ref = call(args, "reference")
+    n = args["num_draft_tokens"]
+    full = [b for b in clean if 0 < int(n[b]) == int(ref.num_accepted[b])]
+    assert full, "no request with drafts was accepted to the end: the bonus id after a full chain is untested"
+    for b in full:
+        assert int(ref.token_ids[b, int(n[b])]) == int(args["bonus_token_ids"][b])
     assert_same(call(args, backend), ref)
     assert_same(call(drop_bonus_rows_padded(args), backend), ref)
     packed = to_packed(args)
