@@ -40,7 +40,7 @@ def aligned_offset(t: torch.Tensor) -> int:
 
 
 @pytest.mark.parametrize("isa", AVAILABLE)
-@pytest.mark.parametrize("rows", list(range(1, 18)) + [33])
+@pytest.mark.parametrize("rows", list(range(1, 18)) + [24, 32, 33, 43])
 def test_matches_float64_for_every_row_count(isa, rows):
     gen = torch.Generator().manual_seed(rows)
     for in_features, out_features in ((64, 48), (37, 19), (576, 40)):
@@ -55,17 +55,19 @@ def test_matches_float64_for_every_row_count(isa, rows):
 @pytest.mark.parametrize("in_features", [1, 7, 8, 15, 16, 17, 31, 33, 100])
 def test_every_weight_offset_and_tail(isa, in_features):
     """The weight at each of the 16 float offsets within a 64-byte line (the masked head), x at another
-    offset (the kernel re-lays x out to match), in_features around the vector widths (the masked tail);
-    out_features 1..35 cover the 16-, 8-, 4- and one-row tiles and their remainders."""
+    offset (the kernel re-lays x out to match), in_features around the vector widths (the masked tail;
+    with the broadcast tiles of 5-12 rows, a group of 4 weight elements cut short);
+    out_features 1..35 cover the 16-, 12-, 8-, 4- and one-row tiles and their remainders; rows 1-3 the dot
+    tiles, 5 and 12 the broadcast tiles of groups of 4 (1 and 3 vectors), 20 those of single elements."""
     gen = torch.Generator().manual_seed(in_features)
     for out_features in (1, 3, 8, 13, 16, 20, 35):
         buffer = torch.randn(out_features * in_features + 64, generator=gen)
-        xbuffer = torch.randn(3 * in_features + 64, generator=gen)
+        xbuffer = torch.randn(20 * in_features + 64, generator=gen)
         for shift in range(16):
             w = buffer[shift:shift + out_features * in_features].view(out_features, in_features)
-            x = xbuffer[5:5 + 3 * in_features].view(3, in_features)
+            x = xbuffer[5:5 + 20 * in_features].view(20, in_features)
             b = torch.randn(out_features, generator=gen)
-            for r in (1, 2, 3):
+            for r in (1, 2, 3, 5, 12, 20):
                 assert_linear(skinny_linear(x[:r], w, b, isa=isa), x[:r], w, b)
         assert {aligned_offset(buffer[s:]) for s in range(16)} == set(range(0, 64, 4))
 
