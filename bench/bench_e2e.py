@@ -176,8 +176,10 @@ def main() -> None:
         methods = {name: fn for name, fn in methods.items() if name in chosen}
     print(f"device={args.device} threads={torch.get_num_threads()} max_new_tokens={max_new} split={args.split} "
           f"prompts={len(prompts)} rounds={rounds}", flush=True)
-    print("verify forward cost (ms) by tokens: " + ", ".join(f"{t}: {c * 1e3:.0f}" for t, c in cost.items()),
-          flush=True)
+    from specdec_ops.decoding.forward import linear_choice
+    blas_rows = sorted(linear_choice(model).blas_rows)
+    print("verify forward cost (ms) by tokens: " + ", ".join(f"{t}: {c * 1e3:.0f}" for t, c in cost.items())
+          + f"; F.linear (not skinny_linear) at rows {blas_rows}", flush=True)
 
     with torch.inference_mode():
         for fn in methods.values():                                   # warm-up
@@ -214,7 +216,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": {"device": args.device, "threads": torch.get_num_threads(), "max_new_tokens": max_new,
-                                  "rounds": rounds, "split": args.split, "forward_cost": cost,
+                                  "rounds": rounds, "split": args.split, "forward_cost": cost, "blas_rows": blas_rows,
                                   "prompts": os.path.relpath(args.prompts, os.path.dirname(PROMPTS_PATH)),
                                   "load_average": os.getloadavg()},
                        "rows": rows, "summary": summary}, f, indent=1)

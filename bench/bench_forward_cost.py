@@ -57,7 +57,7 @@ def main() -> None:
             for name, (rows, vectorized) in configs.items():
                 forward_mod.narrow_rows = rows
                 forward_mod._skinny_kernel = lambda vectorized=vectorized: vectorized
-                for w, seconds in measure_forward_cost(model, widths=widths).items():
+                for w, seconds in measure_forward_cost(model, widths=widths, calibrate=False).items():
                     best[name][w] = min(best[name][w], seconds)
     finally:
         forward_mod.narrow_rows, forward_mod._skinny_kernel = saved

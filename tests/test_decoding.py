@@ -414,7 +414,8 @@ def test_every_forward_takes_its_slot_range_from_the_host(target, small_drafter,
     if kind == "ngram" and tree is None and temperature == 0:   # the start-up timing's forwards too
         ranges.clear()
         measure_forward_cost(target, prefix=8, widths=(1, 4), repeat=1)
-        assert len(ranges) == 1 + 2 * 2
+        twice = fw.narrow_rows() == fw.SKINNY_ROWS  # width 1 timed through the kernel and through F.linear
+        assert len(ranges) == 1 + 2 * (3 if twice else 2)
 
 
 @pytest.mark.parametrize("keep_limit", [None, 0], ids=["logits_to_keep", "all-rows"])
@@ -602,12 +603,125 @@ def test_skinny_linear_only_on_one_thread(monkeypatch):
         torch.set_num_threads(threads)
 
 
+def test_linear_choice_keeps_f_linear_at_its_rows(monkeypatch, one_thread):
+    """Inside narrow_linears(model), a row count in linear_choice(model).blas_rows runs F.linear (bit for bit,
+    the kernel not called), the others the kernel; nested contexts of two models each apply their own model's
+    choice, and the outer one's is back when the inner closes."""
+    import torch.nn.functional as F
+
+    from specdec_ops.decoding import forward as forward_mod
+
+    monkeypatch.setattr(forward_mod, "_skinny_kernel", lambda: True)
+    calls = []
+    monkeypatch.setattr(torch.ops.specdec, "skinny_linear",
+                        type("Recording", (), {"default": staticmethod(lambda *a: calls.append(a[0].shape[0]) or
+                                                                       torch.zeros(a[0].shape[0], a[1].shape[0]))})())
+    gen = torch.Generator().manual_seed(0)
+    first, second = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+    forward_mod.linear_choice(first).blas_rows = frozenset({2})
+    assert forward_mod.linear_choice(second).blas_rows == frozenset()
+    x2, x3 = torch.randn(2, 8, generator=gen), torch.randn(3, 8, generator=gen)
+    with torch.no_grad():
+        with forward_mod.narrow_linears(first):
+            assert torch.equal(first(x2), F.linear(x2, first.weight, first.bias)) and calls == []
+            first(x3)
+            assert calls == [3]
+            with forward_mod.narrow_linears(second):
+                second(x2)
+                assert calls == [3, 2]
+            assert torch.equal(first(x2), F.linear(x2, first.weight, first.bias)) and calls == [3, 2]
+    assert forward_mod._NARROW.blas_rows == frozenset() and forward_mod._NARROW.depth == 0
+
+
+def test_measure_forward_cost_keeps_the_faster_product_path(target, monkeypatch, one_thread):
+    """measure_forward_cost times each width of CALIBRATED_ROWS through the kernel and through F.linear and
+    keeps the faster in linear_choice(model).blas_rows; the table holds the kept path's time; without
+    calibrate (or with more than one thread) nothing is timed twice and the choice stays. A clock that
+    advances by a cost per (width, path) stands in for the forward's time."""
+    from specdec_ops.decoding import forward as forward_mod
+    from specdec_ops.decoding import setup as setup_mod
+
+    monkeypatch.setattr(forward_mod, "_skinny_kernel", lambda: True)
+    costs = {(1, "kernel"): 2.0, (1, "blas"): 3.0, (2, "kernel"): 5.0, (2, "blas"): 4.0,
+             (3, "kernel"): 6.0, (3, "blas"): 6.5, (4, "kernel"): 7.0}
+    clock, runs = [0.0], []
+    real_forward = setup_mod.forward
+
+    def timed_forward(model, cache, ids, *args, **kwargs):
+        width = ids.shape[1]
+        if width <= 4:  # (the prefill is not timed)
+            path = "blas" if width in forward_mod.linear_choice(model).blas_rows else "kernel"
+            clock[0] += costs[width, path]
+            runs.append((width, path))
+        return real_forward(model, cache, ids, *args, **kwargs)
+
+    monkeypatch.setattr(setup_mod, "forward", timed_forward)
+    monkeypatch.setattr(setup_mod.time, "perf_counter", lambda: clock[0])
+    choice = forward_mod.linear_choice(target)
+    saved = choice.blas_rows
+    try:
+        choice.blas_rows = frozenset({1})
+        table = setup_mod.measure_forward_cost(target, prefix=8, widths=(1, 2, 3, 4), repeat=2)
+        assert choice.blas_rows == frozenset({2})
+        assert table == {1: 2.0, 2: 4.0, 3: 6.0, 4: 7.0}
+        assert runs.count((2, "blas")) == runs.count((2, "kernel")) == 3 and (4, "blas") not in runs
+        runs.clear()
+        assert setup_mod.measure_forward_cost(target, prefix=8, widths=(1, 2), repeat=1,
+                                              calibrate=False) == {1: 2.0, 2: 4.0}
+        assert sorted(set(runs)) == [(1, "kernel"), (2, "blas")] and choice.blas_rows == frozenset({2})
+        runs.clear()
+        torch.set_num_threads(2)
+        setup_mod.measure_forward_cost(target, prefix=8, widths=(1, 2), repeat=1)
+        assert choice.blas_rows == frozenset({2}) and len(runs) == 4
+    finally:
+        choice.blas_rows = saved
+
+
+def test_forward_over_rows_kept_on_f_linear_opens_no_narrow_context(target, monkeypatch, one_thread):
+    """A window whose rows are in linear_choice(model).blas_rows runs the model as it is (no narrow_linears,
+    no Python call per layer); a window of other rows still narrows."""
+    from specdec_ops.decoding import forward as forward_mod
+
+    entered = []
+    narrow_linears = forward_mod.narrow_linears
+    monkeypatch.setattr(forward_mod, "narrow_linears", lambda model: entered.append(model) or narrow_linears(model))
+    monkeypatch.setattr(forward_mod, "_skinny_kernel", lambda: True)
+    choice = forward_mod.linear_choice(target)
+    saved = choice.blas_rows
+    try:
+        choice.blas_rows = frozenset({2})
+        with torch.inference_mode():
+            for width in (2, 3):
+                cache = forward_mod.RaggedKVCache(target, 1, 16, torch.device("cpu"), torch.float32)
+                mask, depth = forward_mod.chain_tree(width, 1, torch.device("cpu"))
+                forward_mod.forward(target, cache, torch.tensor([PROMPTS[0][:width]]), cache.seq_lens, depth, mask)
+                assert entered == ([] if width == 2 else [target])
+    finally:
+        choice.blas_rows = saved
+
+
+def test_greedy_with_f_linear_at_few_rows_equals_generate(target, one_thread):
+    """The loop's greedy output with F.linear at 1-3 rows and the kernel above (a choice measure_forward_cost
+    can make) is still the target's own generate()'s, token for token."""
+    from specdec_ops.decoding import forward as forward_mod
+
+    choice = forward_mod.linear_choice(target)
+    saved = choice.blas_rows
+    try:
+        choice.blas_rows = frozenset(forward_mod.CALIBRATED_ROWS)
+        expected = [reference_greedy(target, p, 16) for p in PROMPTS]
+        decoder = SpeculativeDecoder(target, NGramDrafter(n=3), num_speculative_tokens=4)
+        assert decoder.generate(PROMPTS, max_new_tokens=16, eos_token_id=[]).sequences == expected
+    finally:
+        choice.blas_rows = saved
+
+
 @pytest.mark.parametrize("batch,width", [(1, 1), (1, 2), (1, 4), (1, 5), (2, 2), (2, 3), (3, 1), (1, 32),
                                          (2, 16), (1, 33), (3, 6), (3, 11)])
 def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width, monkeypatch, one_thread):
     """forward() on CPU enters narrow_linears exactly when batch x window is 1..narrow_rows() rows (32 with
-    the skinny_linear kernel, else 5), and its logits equal those of the plain F.linear forward to
-    rounding."""
+    the skinny_linear kernel, else 5) that the model's LinearChoice does not keep on F.linear, and its logits
+    equal those of the plain F.linear forward to rounding."""
     from specdec_ops.decoding import forward as forward_mod
 
     entered = []
@@ -628,7 +742,8 @@ def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width,
             cache.seq_lens.fill_(3)
             mask, depth = forward_mod.chain_tree(width, batch, tokens.device)
             results.append(forward_mod.forward(target, cache, tokens, cache.seq_lens, depth, mask))
-    assert entered == ([target] if 1 <= batch * width <= rows else [])
+    kept = forward_mod.linear_choice(target).blas_rows   # (rows measure_forward_cost left on F.linear: no context)
+    assert entered == ([target] if 1 <= batch * width <= rows and batch * width not in kept else [])
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
 
 

@@ -155,7 +155,10 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
         kwargs.pop("tree_mask", None)
         kwargs.pop("prefix_lens", None)
         kwargs.pop("tree_attention_backend", None)
-    narrow = tokens.device.type == "cpu" and dtype == torch.float32 and 1 <= batch * width <= narrow_rows()
+    # (a window whose rows the model's LinearChoice keeps on F.linear runs the model as it is: no narrow_linears
+    # and its Python call per layer)
+    narrow = (tokens.device.type == "cpu" and dtype == torch.float32 and 1 <= batch * width <= narrow_rows()
+              and batch * width not in linear_choice(model).blas_rows)
     with narrow_linears(model) if narrow else contextlib.nullcontext():
         out = model(input_ids=tokens, position_ids=start[:, None] + depth.long(), attention_mask=bias,
                     use_cache=True, **kwargs)
@@ -251,15 +254,19 @@ _KEEP_LIMIT = 1 << 26
 
 # CPU forwards over at most narrow_rows() rows (batch x window) run their linear layers through narrow_linear
 # (narrow_linears): with the package's kernel (specdec_ops.linear.skinny_linear, on CPUs with AVX2 or AVX-512, with
-# one torch thread: _skinny_here) up to SKINNY_ROWS rows, else up to NARROW_ROWS rows as ``W @ x^T`` with the rows as
-# columns, one row padded to two. Measured on SmolLM2-135M's 211 weight matrices (30 layers and the output projection,
-# float32, one thread, weights streamed from memory, an AVX-512 CPU; ms, F.linear / W @ x^T / skinny_linear;
-# bench/bench_forward_cost.py --products): 1 row 46.6 / 32.8 (padded) / 26.4, 2: 74.6 / 31.8 / 32.9, 3: 93.8 / 52.7 /
-# 40.2, 4: 70.3 / 65.7 / 49.0, 5: 76.3 / 62.4 / 46.0, 8: 74.4 / 81.1 / 55.5, 16: 95.1 / 106.9 / 83.9, 24: 115.4 /
-# 145.4 / 112.3, 32: 138.6 / 155.1 / 142.7. The CPU BLAS multiplies by two columns far faster than by one or by a few
-# rows; from about 24 rows on it is about as fast as the kernel, which runs up to 32 rows all the same: a verify
-# forward's cost then has no step where the product changes hands inside the cost model's table (measured at 16 and 32
-# tokens, interpolated between).
+# one torch thread: _skinny_here) up to SKINNY_ROWS rows, except at the row counts where the model's LinearChoice
+# keeps F.linear (measure_forward_cost times both over 1-3 rows), else up to NARROW_ROWS rows as ``W @ x^T`` with
+# the rows as columns, one row padded to two. Measured on SmolLM2-135M's 211 weight matrices (30 layers and the
+# output projection, float32, one thread, weights streamed from memory; ms, F.linear / W @ x^T / skinny_linear;
+# bench/bench_forward_cost.py --products):
+# - an AMD EPYC with AVX-512 (before the kernel's broadcast tiles): 1 row 46.6 / 32.8 (padded) / 26.4, 2: 74.6 /
+#   31.8 / 32.9, 3: 93.8 / 52.7 / 40.2, 8: 74.4 / 81.1 / 55.5, 16: 95.1 / 106.9 / 83.9, 32: 138.6 / 155.1 / 142.7;
+# - an Intel Xeon with AVX-512 (2026-12-07, bench/forward_cost.json): 1 row 43.8 / 109.7 / 42.9, 2: 44.9 / 105.8 /
+#   48.8, 3: 47.7 / 104.3 / 50.7, 8: 98.6 / 97.9 / 56.1, 16: 105.8 / 97.6 / 71.2, 32: 116.1 / 125.6 / 103.4.
+# Where the BLAS multiplies few rows slowly (the EPYC's) the kernel wins from one row on; where it streams 1-3 rows
+# at the memory bound (the Xeon's MKL) it is as fast there, and the kernel wins from 4 rows on. The kernel runs up
+# to 32 rows on both: a verify forward's cost then has no step where the product changes hands inside the cost
+# model's table (measured at 16 and 32 tokens, interpolated between).
 SKINNY_ROWS = 32
 NARROW_ROWS = 5
 _NARROW_PAD = {1: 2}  # rows -> columns multiplied (the padding columns are zeros; their outputs are dropped)
@@ -288,12 +295,37 @@ def narrow_rows() -> int:
     return SKINNY_ROWS if _skinny_here() else NARROW_ROWS
 
 
-def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+class LinearChoice:
+    """Per model: the row counts whose products run through ``F.linear`` although the skinny_linear kernel
+    could run them (``blas_rows``, empty by default). ``measure_forward_cost`` (decoding/setup.py) times both
+    paths at the few rows where a CPU's BLAS may be as fast (CALIBRATED_ROWS) and records the faster here:
+    the kernel's margin there depends on the CPU (and its BLAS) far more than on the model."""
+
+    __slots__ = ("blas_rows",)
+
+    def __init__(self) -> None:
+        self.blas_rows: frozenset[int] = frozenset()
+
+
+CALIBRATED_ROWS = (1, 2, 3)  # the rows whose product path measure_forward_cost chooses by timing both
+_LINEAR_CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def linear_choice(model: torch.nn.Module) -> LinearChoice:
+    """The model's LinearChoice (created empty on first use)."""
+    choice = _LINEAR_CHOICES.get(model)
+    if choice is None:
+        choice = _LINEAR_CHOICES[model] = LinearChoice()
+    return choice
+
+
+def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  blas_rows=frozenset()) -> torch.Tensor | None:
     """``F.linear(x, weight, bias)`` for float32 CPU operands of few rows, contiguous, or None for any other input
     (the caller runs F.linear): up to SKINNY_ROWS rows with the skinny_linear kernel where it runs (vectorized, one
-    torch thread), else up to NARROW_ROWS rows as ``(W @ x^T)^T`` (+ bias; one row is multiplied as two, the second
-    all zeros). Equal to F.linear to rounding: another summation order, as a product over a different number of rows
-    already has."""
+    torch thread) unless the row count is in ``blas_rows`` (None: the caller's F.linear is faster there), else up to
+    NARROW_ROWS rows as ``(W @ x^T)^T`` (+ bias; one row is multiplied as two, the second all zeros). Equal to
+    F.linear to rounding: another summation order, as a product over a different number of rows already has."""
     if not (x.dim() and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and weight.dim() == 2 and x.shape[-1] == weight.shape[1] and weight.device.type == "cpu"
             and (bias is None or (bias.dtype == torch.float32 and bias.device.type == "cpu"
@@ -301,6 +333,8 @@ def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return None
     rows = x.numel() // max(x.shape[-1], 1)
     if 1 <= rows <= SKINNY_ROWS and _skinny_here():
+        if rows in blas_rows:
+            return None
         return torch.ops.specdec.skinny_linear.default(x, weight, bias, -1)
     if not 1 <= rows <= NARROW_ROWS:
         return None
@@ -317,6 +351,7 @@ def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 class _NarrowState(threading.local):
     depth = 0  # narrow_linears contexts open on this thread
+    blas_rows = frozenset()  # the innermost open context's model's LinearChoice.blas_rows
 
 
 _NARROW = _NarrowState()
@@ -331,7 +366,7 @@ def _narrow_forward(layer: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor
     """An nn.Linear layer's forward while ``narrow_linears`` is open on its model: ``narrow_linear`` on a
     thread inside the context where that applies, else exactly ``F.linear``."""
     if _NARROW.depth:
-        out = narrow_linear(input, layer.weight, layer.bias)
+        out = narrow_linear(input, layer.weight, layer.bias, _NARROW.blas_rows)
         if out is not None:
             return out
     return F.linear(input, layer.weight, layer.bias)
@@ -349,7 +384,8 @@ def _linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
 def narrow_linears(model: torch.nn.Module):
     """Inside it, on this thread, ``model``'s ``nn.Linear`` layers (exactly that class, and without a forward
     of their own such as a hook library installs: others keep theirs) compute ``narrow_linear`` for float32
-    CPU inputs of 1 to ``narrow_rows()`` rows.
+    CPU inputs of 1 to ``narrow_rows()`` rows, except at the row counts of the model's
+    ``linear_choice(model).blas_rows`` (read when the context opens), where they keep ``F.linear``.
 
     While any thread has the context open on the model, each such layer carries ``_narrow_forward`` as its
     instance ``forward`` (removed when the last context on the model closes: a count per model, under a
@@ -367,10 +403,12 @@ def narrow_linears(model: torch.nn.Module):
                 layer.__dict__["forward"] = types.MethodType(_narrow_forward, layer)
         _NARROW_OPEN[key] = (count + 1, installed)
     _NARROW.depth += 1
+    outer_rows, _NARROW.blas_rows = _NARROW.blas_rows, linear_choice(model).blas_rows
     try:
         yield
     finally:
         _NARROW.depth -= 1
+        _NARROW.blas_rows = outer_rows
         with _NARROW_LOCK:
             count, installed = _NARROW_OPEN.pop(key)
             if count > 1:

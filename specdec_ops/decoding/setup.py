@@ -7,7 +7,8 @@ import time
 import torch
 
 from .drafters import CopyCursor, CostModel, MatchLengthPrior, NGramDrafter
-from .forward import RaggedKVCache, chain_tree, forward, model_device, model_dtype
+from . import forward as forward_mod
+from .forward import CALIBRATED_ROWS, RaggedKVCache, chain_tree, forward, linear_choice, model_device, model_dtype
 
 DEFAULT_K = 32          # the longest draft; the cost model drafts less whenever that is worth more
 COPY_WINDOW = 8         # CopyCursor: a match resuming the copied text within 8 tokens goes first
@@ -45,11 +46,22 @@ COST_WIDTHS = (1, 2, 3, 4, 8, 16, 32)   # verify widths timed by measure_forward
 
 
 @torch.inference_mode()
-def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: int = 3) -> dict[int, float]:
+def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: int = 3,
+                         calibrate: bool = True) -> dict[int, float]:
     """{tokens: seconds} of a verify forward of ``model`` on its device over windows of ``widths`` tokens
     after a ``prefix``-token prefill (the loop's own forward and cache): the fastest of ``repeat`` runs
     after a warm-up run each (the fastest: load on a shared machine only ever adds time). The cost model
-    starts from it and follows the loop's own timings from there (:class:`ForwardCost`)."""
+    starts from it and follows the loop's own timings from there (:class:`ForwardCost`).
+
+    With ``calibrate``, where the loop's CPU forwards run their linear layers through the skinny_linear kernel
+    (float32, one torch thread: ``narrow_rows() == SKINNY_ROWS``), the widths of ``CALIBRATED_ROWS`` among
+    ``widths`` are timed both ways, the kernel's and ``F.linear``'s (interleaved, run by run), and the faster
+    is kept for the model from then on (``linear_choice(model).blas_rows``, every forward of the loop and its
+    drafters); the table holds the kept path's time. Over one to three rows a CPU's BLAS may be as fast as the
+    kernel or faster (an Intel Xeon's MKL: forwards of SmolLM2-135M over 1-3 tokens within about 10% of the
+    kernel's either way, from run to run; the end-to-end runs of 2026-12-07 kept F.linear at all three) or far
+    slower (an AMD EPYC: a one-token forward 61 ms against the kernel's 39). Without ``calibrate`` every width
+    runs the model's current choice."""
     device, dtype = model_device(model), model_dtype(model)
     vocab = int(model.config.vocab_size)
     cache = RaggedKVCache(model, 1, prefix + max(widths) + 1, device, dtype)
@@ -58,18 +70,34 @@ def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: i
     forward(model, cache, tokens, cache.seq_lens, depth, mask, logits_at=torch.tensor([prefix - 1], device=device),
             start_range=(0, 0))
     cache.seq_lens.fill_(prefix)
-    out = {width: float("inf") for width in widths}
-    for run in range(repeat + 1):                        # the first round warms up; widths interleaved
+    choice = linear_choice(model)
+    skinny = (calibrate and torch.device(device).type == "cpu" and dtype == torch.float32
+              and forward_mod.narrow_rows() == forward_mod.SKINNY_ROWS)
+    paths = {width: ("kernel", "blas") if skinny and width in CALIBRATED_ROWS else ("kept",) for width in widths}
+    times = {(width, path): float("inf") for width in widths for path in paths[width]}
+    kept = choice.blas_rows
+    try:
+        for run in range(repeat + 1):                        # the first round warms up; widths interleaved
+            for width in widths:
+                ids = torch.arange(width, device=device)[None] % vocab
+                mask, depth = chain_tree(width, 1, device)
+                for path in paths[width]:
+                    if path != "kept":
+                        choice.blas_rows = kept | {width} if path == "blas" else kept - {width}
+                    _synchronize(device)
+                    start = time.perf_counter()
+                    forward(model, cache, ids, cache.seq_lens, depth, mask, start_range=(prefix, prefix))
+                    _synchronize(device)
+                    if run:
+                        times[width, path] = min(times[width, path], time.perf_counter() - start)
+                    choice.blas_rows = kept
         for width in widths:
-            ids = torch.arange(width, device=device)[None] % vocab
-            mask, depth = chain_tree(width, 1, device)
-            _synchronize(device)
-            start = time.perf_counter()
-            forward(model, cache, ids, cache.seq_lens, depth, mask, start_range=(prefix, prefix))
-            _synchronize(device)
-            if run:
-                out[width] = min(out[width], time.perf_counter() - start)
-    return out
+            if "blas" in paths[width]:
+                faster = times[width, "blas"] < times[width, "kernel"]
+                kept = kept | {width} if faster else kept - {width}
+    finally:
+        choice.blas_rows = kept
+    return {width: min(times[width, path] for path in paths[width]) for width in widths}
 
 
 def _synchronize(device) -> None:
