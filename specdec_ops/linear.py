@@ -1,16 +1,19 @@
 """Few-row linear products on the CPU: :func:`skinny_linear`.
 
 A verify forward of a decode step multiplies every weight matrix of the target by the few rows of its
-window (1 + the draft's tokens per request). Over 1-16 rows a CPU torch's sgemm reaches neither the
+window (1 + the draft's tokens per request). Over a few rows a CPU torch's sgemm reaches neither the
 memory bound nor the arithmetic one; ``skinny_linear`` is a kernel for exactly that product
-(``csrc/linear/linear_cpu.cpp``: every weight element read from memory once, tiles of 8 weight rows x 2
-rows of x in AVX-512 registers, or 4 x 2 with AVX2). Measured over SmolLM2-135M's 211 weight matrices
-(538 MB of float32, one thread, AVX-512; ms for 1 / 2 / 8 / 16 rows): F.linear 46.6 / 74.6 / 74.4 / 95.1,
-this kernel 26.4 / 32.9 / 55.5 / 83.9; a whole verify forward over 1 / 8 / 16 tokens 61.4 / 101.7 / 135.0
-ms with F.linear, 39.1 / 77.1 / 108.0 with it (``python bench/bench_forward_cost.py --products``).
-The decode loop uses it for CPU windows of up to ``decoding.forward.SKINNY_ROWS`` rows
-(``decoding.forward.narrow_linears``) when torch runs one intra-op thread: the kernel itself runs on one
-(the package's C++ CPU kernels are compiled without OpenMP, so ``at::parallel_for`` runs serially).
+(``csrc/linear/linear_cpu.cpp``: every weight element read from memory once; with AVX-512 dot-product
+tiles of 16 or 8 weight rows x 1-2 rows of x up to 3 rows, from 4 rows broadcast tiles whose vectors run
+across rows of x; dot-product tiles of 4 x 2 with AVX2). Measured over SmolLM2-135M's 211 weight matrices
+(538 MB of float32, one thread, an Intel Xeon with AVX-512; ms for 1 / 2 / 4 / 8 / 16 / 32 rows): F.linear
+43.8 / 44.9 / 73.6 / 98.6 / 105.8 / 116.1, this kernel 42.9 / 48.8 / 51.2 / 56.1 / 71.2 / 103.4
+(``python bench/bench_forward_cost.py --products``, bench/forward_cost.json; on an AMD EPYC, whose BLAS
+multiplies few rows far more slowly, 1 row 46.6 against 26.4). The decode loop uses it for CPU windows of up to
+``decoding.forward.SKINNY_ROWS`` rows (``decoding.forward.narrow_linears``) when torch runs one intra-op
+thread, except at the 1-3 rows where the model's start-up timing found F.linear faster
+(``decoding.forward.linear_choice``); the kernel itself runs on one thread (the package's C++ CPU kernels are
+compiled without OpenMP, so ``at::parallel_for`` runs serially).
 
 It is CPU-only and float32-only: a GPU multiplies a few rows with cuBLAS at its memory bound.
 """
