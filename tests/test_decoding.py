@@ -414,8 +414,7 @@ def test_every_forward_takes_its_slot_range_from_the_host(target, small_drafter,
     if kind == "ngram" and tree is None and temperature == 0:   # the start-up timing's forwards too
         ranges.clear()
         measure_forward_cost(target, prefix=8, widths=(1, 4), repeat=1)
-        twice = fw.narrow_rows() == fw.SKINNY_ROWS  # width 1 timed through the kernel and through F.linear
-        assert len(ranges) == 1 + 2 * (3 if twice else 2)
+        assert len(ranges) == 1 + 2 * 4   # widths 1 and 4 timed through the narrow product and through F.linear
 
 
 @pytest.mark.parametrize("keep_limit", [None, 0], ids=["logits_to_keep", "all-rows"])
@@ -636,20 +635,21 @@ def test_linear_choice_keeps_f_linear_at_its_rows(monkeypatch, one_thread):
 def test_measure_forward_cost_keeps_the_faster_product_path(target, monkeypatch, one_thread):
     """measure_forward_cost times each width of CALIBRATED_ROWS through the kernel and through F.linear and
     keeps the faster in linear_choice(model).blas_rows; the table holds the kept path's time; without
-    calibrate (or with more than one thread) nothing is timed twice and the choice stays. A clock that
+    calibrate nothing is timed twice and the choice stays; with two threads (W @ x^T) the rows above the
+    timed ones up to NARROW_ROWS follow the largest timed one. A clock that
     advances by a cost per (width, path) stands in for the forward's time."""
     from specdec_ops.decoding import forward as forward_mod
     from specdec_ops.decoding import setup as setup_mod
 
     monkeypatch.setattr(forward_mod, "_skinny_kernel", lambda: True)
     costs = {(1, "kernel"): 2.0, (1, "blas"): 3.0, (2, "kernel"): 5.0, (2, "blas"): 4.0,
-             (3, "kernel"): 6.0, (3, "blas"): 6.5, (4, "kernel"): 7.0}
+             (3, "kernel"): 6.0, (3, "blas"): 6.5, (4, "kernel"): 7.0, (4, "blas"): 7.5, (8, "kernel"): 9.0}
     clock, runs = [0.0], []
     real_forward = setup_mod.forward
 
     def timed_forward(model, cache, ids, *args, **kwargs):
         width = ids.shape[1]
-        if width <= 4:  # (the prefill is not timed)
+        if width <= 8:  # (the prefill, 12 tokens, is not timed)
             path = "blas" if width in forward_mod.linear_choice(model).blas_rows else "kernel"
             clock[0] += costs[width, path]
             runs.append((width, path))
@@ -661,18 +661,23 @@ def test_measure_forward_cost_keeps_the_faster_product_path(target, monkeypatch,
     saved = choice.blas_rows
     try:
         choice.blas_rows = frozenset({1})
-        table = setup_mod.measure_forward_cost(target, prefix=8, widths=(1, 2, 3, 4), repeat=2)
+        table = setup_mod.measure_forward_cost(target, prefix=12, widths=(1, 2, 3, 4, 8), repeat=2)
         assert choice.blas_rows == frozenset({2})
-        assert table == {1: 2.0, 2: 4.0, 3: 6.0, 4: 7.0}
-        assert runs.count((2, "blas")) == runs.count((2, "kernel")) == 3 and (4, "blas") not in runs
+        assert table == {1: 2.0, 2: 4.0, 3: 6.0, 4: 7.0, 8: 9.0}
+        assert runs.count((2, "blas")) == runs.count((2, "kernel")) == 3 and (8, "blas") not in runs
         runs.clear()
-        assert setup_mod.measure_forward_cost(target, prefix=8, widths=(1, 2), repeat=1,
+        assert setup_mod.measure_forward_cost(target, prefix=12, widths=(1, 2), repeat=1,
                                               calibrate=False) == {1: 2.0, 2: 4.0}
         assert sorted(set(runs)) == [(1, "kernel"), (2, "blas")] and choice.blas_rows == frozenset({2})
-        runs.clear()
-        torch.set_num_threads(2)
-        setup_mod.measure_forward_cost(target, prefix=8, widths=(1, 2), repeat=1)
-        assert choice.blas_rows == frozenset({2}) and len(runs) == 4
+        runs.clear()   # two threads: W @ x^T up to NARROW_ROWS rows, timed against F.linear as well, and the rows
+        torch.set_num_threads(2)   # above the timed ones follow the largest timed one
+        assert forward_mod.narrow_rows() == forward_mod.NARROW_ROWS == 5
+        choice.blas_rows = frozenset()
+        setup_mod.measure_forward_cost(target, prefix=12, widths=(1, 2), repeat=1)
+        assert choice.blas_rows == frozenset({2, 3, 4, 5}) and len(runs) == 8
+        costs[2, "blas"] = 6.0
+        setup_mod.measure_forward_cost(target, prefix=12, widths=(1, 2), repeat=1)
+        assert choice.blas_rows == frozenset()
     finally:
         choice.blas_rows = saved
 

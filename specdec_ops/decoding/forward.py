@@ -298,8 +298,9 @@ def narrow_rows() -> int:
 class LinearChoice:
     """Per model: the row counts whose products run through ``F.linear`` although the skinny_linear kernel
     could run them (``blas_rows``, empty by default). ``measure_forward_cost`` (decoding/setup.py) times both
-    paths at the few rows where a CPU's BLAS may be as fast (CALIBRATED_ROWS) and records the faster here:
-    the kernel's margin there depends on the CPU (and its BLAS) far more than on the model."""
+    paths at the few rows where a CPU's BLAS may be as fast (CALIBRATED_ROWS; with W @ x^T, more threads, up to
+    NARROW_ROWS) and records the faster here: the narrow product's margin there depends on the CPU (and its
+    BLAS) far more than on the model."""
 
     __slots__ = ("blas_rows",)
 
@@ -307,7 +308,7 @@ class LinearChoice:
         self.blas_rows: frozenset[int] = frozenset()
 
 
-CALIBRATED_ROWS = (1, 2, 3)  # the rows whose product path measure_forward_cost chooses by timing both
+CALIBRATED_ROWS = (1, 2, 3, 4)  # the rows whose product path measure_forward_cost chooses by timing both
 _LINEAR_CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -323,18 +324,18 @@ def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   blas_rows=frozenset()) -> torch.Tensor | None:
     """``F.linear(x, weight, bias)`` for float32 CPU operands of few rows, contiguous, or None for any other input
     (the caller runs F.linear): up to SKINNY_ROWS rows with the skinny_linear kernel where it runs (vectorized, one
-    torch thread) unless the row count is in ``blas_rows`` (None: the caller's F.linear is faster there), else up to
-    NARROW_ROWS rows as ``(W @ x^T)^T`` (+ bias; one row is multiplied as two, the second all zeros). Equal to
-    F.linear to rounding: another summation order, as a product over a different number of rows already has."""
+    torch thread), else up to NARROW_ROWS rows as ``(W @ x^T)^T`` (+ bias; one row is multiplied as two, the second all zeros). Equal to
+    F.linear to rounding: another summation order, as a product over a different number of rows already has. A row
+    count in ``blas_rows`` gives None (the caller's F.linear is faster there)."""
     if not (x.dim() and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and weight.dim() == 2 and x.shape[-1] == weight.shape[1] and weight.device.type == "cpu"
             and (bias is None or (bias.dtype == torch.float32 and bias.device.type == "cpu"
                                   and bias.shape == weight.shape[:1]))):
         return None
     rows = x.numel() // max(x.shape[-1], 1)
+    if rows in blas_rows:
+        return None
     if 1 <= rows <= SKINNY_ROWS and _skinny_here():
-        if rows in blas_rows:
-            return None
         return torch.ops.specdec.skinny_linear.default(x, weight, bias, -1)
     if not 1 <= rows <= NARROW_ROWS:
         return None

@@ -53,15 +53,17 @@ def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: i
     after a warm-up run each (the fastest: load on a shared machine only ever adds time). The cost model
     starts from it and follows the loop's own timings from there (:class:`ForwardCost`).
 
-    With ``calibrate``, where the loop's CPU forwards run their linear layers through the skinny_linear kernel
-    (float32, one torch thread: ``narrow_rows() == SKINNY_ROWS``), the widths of ``CALIBRATED_ROWS`` among
-    ``widths`` are timed both ways, the kernel's and ``F.linear``'s (interleaved, run by run), and the faster
-    is kept for the model from then on (``linear_choice(model).blas_rows``, every forward of the loop and its
-    drafters); the table holds the kept path's time. Over one to three rows a CPU's BLAS may be as fast as the
+    With ``calibrate``, where the loop's CPU forwards narrow their linear layers (float32: through the
+    skinny_linear kernel on one torch thread, up to ``SKINNY_ROWS`` rows; as ``W @ x^T`` on more, up to
+    ``NARROW_ROWS``), the widths of ``CALIBRATED_ROWS`` among ``widths`` that narrow are timed both ways, the
+    narrow product's and ``F.linear``'s (interleaved, run by run), and the faster is kept for the model from
+    then on; with ``W @ x^T`` the rows above the timed ones up to ``NARROW_ROWS`` follow the largest timed one (``linear_choice(model).blas_rows``, every forward of the loop and its
+    drafters); the table holds the kept path's time. Over one to four rows a CPU's BLAS may be as fast as the
     kernel or faster (an Intel Xeon's MKL: forwards of SmolLM2-135M over 1-3 tokens within about 10% of the
     kernel's either way, from run to run; the end-to-end runs of 2026-12-07 kept F.linear at all three) or far
     slower (an AMD EPYC: a one-token forward 61 ms against the kernel's 39). Without ``calibrate`` every width
-    runs the model's current choice."""
+    runs the model's current choice. With two threads an Intel Xeon's MKL runs 1-5 rows 1.4-2.4x faster
+    through ``F.linear`` than as ``W @ x^T``; an AMD EPYC's BLAS the other way round."""
     device, dtype = model_device(model), model_dtype(model)
     vocab = int(model.config.vocab_size)
     cache = RaggedKVCache(model, 1, prefix + max(widths) + 1, device, dtype)
@@ -71,9 +73,10 @@ def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: i
             start_range=(0, 0))
     cache.seq_lens.fill_(prefix)
     choice = linear_choice(model)
-    skinny = (calibrate and torch.device(device).type == "cpu" and dtype == torch.float32
-              and forward_mod.narrow_rows() == forward_mod.SKINNY_ROWS)
-    paths = {width: ("kernel", "blas") if skinny and width in CALIBRATED_ROWS else ("kept",) for width in widths}
+    narrow = forward_mod.narrow_rows() if calibrate and torch.device(device).type == "cpu" and \
+        dtype == torch.float32 else 0
+    timed = [width for width in widths if width in CALIBRATED_ROWS and width <= narrow]
+    paths = {width: ("kernel", "blas") if width in timed else ("kept",) for width in widths}
     times = {(width, path): float("inf") for width in widths for path in paths[width]}
     kept = choice.blas_rows
     try:
@@ -91,10 +94,13 @@ def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: i
                     if run:
                         times[width, path] = min(times[width, path], time.perf_counter() - start)
                     choice.blas_rows = kept
-        for width in widths:
-            if "blas" in paths[width]:
-                faster = times[width, "blas"] < times[width, "kernel"]
-                kept = kept | {width} if faster else kept - {width}
+        for width in timed:
+            faster = times[width, "blas"] < times[width, "kernel"]
+            kept = kept | {width} if faster else kept - {width}
+        if timed and narrow < forward_mod.SKINNY_ROWS:  # W @ x^T: the rows above the timed ones follow the last
+            top = max(timed)
+            rest = set(range(top + 1, narrow + 1))
+            kept = kept | rest if top in kept else kept - rest
     finally:
         choice.blas_rows = kept
     return {width: min(times[width, path] for path in paths[width]) for width in widths}
