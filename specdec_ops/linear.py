@@ -11,7 +11,7 @@ across rows of x; dot-product tiles of 4 x 2 with AVX2). Measured over SmolLM2-1
 (``python bench/bench_forward_cost.py --products``, bench/forward_cost.json; on an AMD EPYC, whose BLAS
 multiplies few rows far more slowly, 1 row 46.6 against 26.4). The decode loop uses it for CPU windows of up to
 ``decoding.forward.SKINNY_ROWS`` rows (``decoding.forward.narrow_linears``) when torch runs one intra-op
-thread, except at the 1-3 rows where the model's start-up timing found F.linear faster
+thread, except at the 1-4 rows where the model's start-up timing found F.linear faster
 (``decoding.forward.linear_choice``); the kernel itself runs on one thread (the package's C++ CPU kernels are
 compiled without OpenMP, so ``at::parallel_for`` runs serially).
 

@@ -255,7 +255,7 @@ _KEEP_LIMIT = 1 << 26
 # CPU forwards over at most narrow_rows() rows (batch x window) run their linear layers through narrow_linear
 # (narrow_linears): with the package's kernel (specdec_ops.linear.skinny_linear, on CPUs with AVX2 or AVX-512, with
 # one torch thread: _skinny_here) up to SKINNY_ROWS rows, except at the row counts where the model's LinearChoice
-# keeps F.linear (measure_forward_cost times both over 1-3 rows), else up to NARROW_ROWS rows as ``W @ x^T`` with
+# keeps F.linear (measure_forward_cost times both over 1-4 rows), else up to NARROW_ROWS rows as ``W @ x^T`` with
 # the rows as columns, one row padded to two. Measured on SmolLM2-135M's 211 weight matrices (30 layers and the
 # output projection, float32, one thread, weights streamed from memory; ms, F.linear / W @ x^T / skinny_linear;
 # bench/bench_forward_cost.py --products):
@@ -324,9 +324,9 @@ def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   blas_rows=frozenset()) -> torch.Tensor | None:
     """``F.linear(x, weight, bias)`` for float32 CPU operands of few rows, contiguous, or None for any other input
     (the caller runs F.linear): up to SKINNY_ROWS rows with the skinny_linear kernel where it runs (vectorized, one
-    torch thread), else up to NARROW_ROWS rows as ``(W @ x^T)^T`` (+ bias; one row is multiplied as two, the second all zeros). Equal to
-    F.linear to rounding: another summation order, as a product over a different number of rows already has. A row
-    count in ``blas_rows`` gives None (the caller's F.linear is faster there)."""
+    torch thread), else up to NARROW_ROWS rows as ``(W @ x^T)^T`` (+ bias; one row is multiplied as two, the second
+    all zeros). Equal to F.linear to rounding: another summation order, as a product over a different number of rows
+    already has. A row count in ``blas_rows`` gives None (the caller's F.linear is faster there)."""
     if not (x.dim() and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and weight.dim() == 2 and x.shape[-1] == weight.shape[1] and weight.device.type == "cpu"
             and (bias is None or (bias.dtype == torch.float32 and bias.device.type == "cpu"

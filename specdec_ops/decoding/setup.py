@@ -56,14 +56,15 @@ def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: i
     With ``calibrate``, where the loop's CPU forwards narrow their linear layers (float32: through the
     skinny_linear kernel on one torch thread, up to ``SKINNY_ROWS`` rows; as ``W @ x^T`` on more, up to
     ``NARROW_ROWS``), the widths of ``CALIBRATED_ROWS`` among ``widths`` that narrow are timed both ways, the
-    narrow product's and ``F.linear``'s (interleaved, run by run), and the faster is kept for the model from
-    then on; with ``W @ x^T`` the rows above the timed ones up to ``NARROW_ROWS`` follow the largest timed one (``linear_choice(model).blas_rows``, every forward of the loop and its
-    drafters); the table holds the kept path's time. Over one to four rows a CPU's BLAS may be as fast as the
-    kernel or faster (an Intel Xeon's MKL: forwards of SmolLM2-135M over 1-3 tokens within about 10% of the
-    kernel's either way, from run to run; the end-to-end runs of 2026-12-07 kept F.linear at all three) or far
-    slower (an AMD EPYC: a one-token forward 61 ms against the kernel's 39). Without ``calibrate`` every width
-    runs the model's current choice. With two threads an Intel Xeon's MKL runs 1-5 rows 1.4-2.4x faster
-    through ``F.linear`` than as ``W @ x^T``; an AMD EPYC's BLAS the other way round."""
+    narrow product's and ``F.linear``'s (interleaved, run by run), and the faster is kept for the model from then
+    on; with ``W @ x^T`` the rows above the timed ones up to ``NARROW_ROWS`` follow the largest timed one
+    (``linear_choice(model).blas_rows``, every forward of the loop and its drafters); the table holds the kept
+    path's time. Over one to four rows a CPU's BLAS may be as fast as the kernel or faster (an Intel Xeon's MKL:
+    forwards of SmolLM2-135M over 1-3 tokens within about 10% of the kernel's either way, from run to run; the
+    end-to-end runs of 2026-12-07 kept F.linear at all three) or far slower (an AMD EPYC: a one-token forward 61 ms
+    against the kernel's 39). Without ``calibrate`` every width runs the model's current choice. With two threads
+    an Intel Xeon's MKL runs 1-5 rows 1.4-2.4x faster through ``F.linear`` than as ``W @ x^T``; an AMD EPYC's BLAS
+    the other way round."""
     device, dtype = model_device(model), model_dtype(model)
     vocab = int(model.config.vocab_size)
     cache = RaggedKVCache(model, 1, prefix + max(widths) + 1, device, dtype)
