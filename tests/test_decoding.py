@@ -642,15 +642,15 @@ def test_measure_forward_cost_keeps_the_faster_product_path(target, monkeypatch,
     from specdec_ops.decoding import setup as setup_mod
 
     monkeypatch.setattr(forward_mod, "_skinny_kernel", lambda: True)
-    costs = {(1, "kernel"): 2.0, (1, "blas"): 3.0, (2, "kernel"): 5.0, (2, "blas"): 4.0,
-             (3, "kernel"): 6.0, (3, "blas"): 6.5, (4, "kernel"): 7.0, (4, "blas"): 7.5, (8, "kernel"): 9.0}
+    costs = {(1, "narrow"): 2.0, (1, "blas"): 3.0, (2, "narrow"): 5.0, (2, "blas"): 4.0,
+             (3, "narrow"): 6.0, (3, "blas"): 6.5, (4, "narrow"): 7.0, (4, "blas"): 7.5, (8, "narrow"): 9.0}
     clock, runs = [0.0], []
     real_forward = setup_mod.forward
 
     def timed_forward(model, cache, ids, *args, **kwargs):
         width = ids.shape[1]
         if width <= 8:  # (the prefill, 12 tokens, is not timed)
-            path = "blas" if width in forward_mod.linear_choice(model).blas_rows else "kernel"
+            path = "blas" if width in forward_mod.linear_choice(model).blas_rows else "narrow"
             clock[0] += costs[width, path]
             runs.append((width, path))
         return real_forward(model, cache, ids, *args, **kwargs)
@@ -664,11 +664,11 @@ def test_measure_forward_cost_keeps_the_faster_product_path(target, monkeypatch,
         table = setup_mod.measure_forward_cost(target, prefix=12, widths=(1, 2, 3, 4, 8), repeat=2)
         assert choice.blas_rows == frozenset({2})
         assert table == {1: 2.0, 2: 4.0, 3: 6.0, 4: 7.0, 8: 9.0}
-        assert runs.count((2, "blas")) == runs.count((2, "kernel")) == 3 and (8, "blas") not in runs
+        assert runs.count((2, "blas")) == runs.count((2, "narrow")) == 3 and (8, "blas") not in runs
         runs.clear()
         assert setup_mod.measure_forward_cost(target, prefix=12, widths=(1, 2), repeat=1,
                                               calibrate=False) == {1: 2.0, 2: 4.0}
-        assert sorted(set(runs)) == [(1, "kernel"), (2, "blas")] and choice.blas_rows == frozenset({2})
+        assert sorted(set(runs)) == [(1, "narrow"), (2, "blas")] and choice.blas_rows == frozenset({2})
         runs.clear()   # two threads: W @ x^T up to NARROW_ROWS rows, timed against F.linear as well, and the rows
         torch.set_num_threads(2)   # above the timed ones follow the largest timed one
         assert forward_mod.narrow_rows() == forward_mod.NARROW_ROWS == 5
@@ -678,6 +678,9 @@ def test_measure_forward_cost_keeps_the_faster_product_path(target, monkeypatch,
         costs[2, "blas"] = 6.0
         setup_mod.measure_forward_cost(target, prefix=12, widths=(1, 2), repeat=1)
         assert choice.blas_rows == frozenset()
+        choice.blas_rows = {3}   # each regime keeps its own choice: one thread's is where it was left
+        torch.set_num_threads(1)
+        assert choice.blas_rows == frozenset({2})
     finally:
         choice.blas_rows = saved
 
@@ -739,6 +742,7 @@ def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width,
     monkeypatch.setattr(forward_mod, "narrow_linears", recording)
     tokens = torch.tensor([(PROMPTS[0] * 4)[i:i + width] for i in range(batch)])
     rows = forward_mod.narrow_rows()
+    kept = forward_mod.linear_choice(target).blas_rows   # (rows measure_forward_cost left on F.linear: no context)
     results = []
     with torch.inference_mode():
         for limit in (rows, 0):
@@ -747,7 +751,6 @@ def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width,
             cache.seq_lens.fill_(3)
             mask, depth = forward_mod.chain_tree(width, batch, tokens.device)
             results.append(forward_mod.forward(target, cache, tokens, cache.seq_lens, depth, mask))
-    kept = forward_mod.linear_choice(target).blas_rows   # (rows measure_forward_cost left on F.linear: no context)
     assert entered == ([target] if 1 <= batch * width <= rows and batch * width not in kept else [])
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
 

@@ -296,16 +296,25 @@ def narrow_rows() -> int:
 
 
 class LinearChoice:
-    """Per model: the row counts whose products run through ``F.linear`` although the skinny_linear kernel
-    could run them (``blas_rows``, empty by default). ``measure_forward_cost`` (decoding/setup.py) times both
-    paths at the few rows where a CPU's BLAS may be as fast (CALIBRATED_ROWS; with W @ x^T, more threads, up to
-    NARROW_ROWS) and records the faster here: the narrow product's margin there depends on the CPU (and its
-    BLAS) far more than on the model."""
+    """Per model: the row counts whose products run through ``F.linear`` although the loop's narrow product
+    could run them (``blas_rows``, empty by default), one set per narrow regime (``narrow_rows()``: the
+    skinny_linear kernel on one torch thread, ``W @ x^T`` on more): ``blas_rows`` reads and writes the set of
+    the regime in force. ``measure_forward_cost`` (decoding/setup.py) times both paths at the few rows where a
+    CPU's BLAS may be as fast (CALIBRATED_ROWS; with W @ x^T up to NARROW_ROWS) and records the faster here:
+    the narrow product's margin there depends on the CPU (and its BLAS) far more than on the model."""
 
-    __slots__ = ("blas_rows",)
+    __slots__ = ("_by_regime",)
 
     def __init__(self) -> None:
-        self.blas_rows: frozenset[int] = frozenset()
+        self._by_regime: dict[int, frozenset[int]] = {}
+
+    @property
+    def blas_rows(self) -> frozenset[int]:
+        return self._by_regime.get(narrow_rows(), frozenset())
+
+    @blas_rows.setter
+    def blas_rows(self, rows) -> None:
+        self._by_regime[narrow_rows()] = frozenset(rows)
 
 
 CALIBRATED_ROWS = (1, 2, 3, 4)  # the rows whose product path measure_forward_cost chooses by timing both

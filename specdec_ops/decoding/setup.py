@@ -77,7 +77,7 @@ def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: i
     narrow = forward_mod.narrow_rows() if calibrate and torch.device(device).type == "cpu" and \
         dtype == torch.float32 else 0
     timed = [width for width in widths if width in CALIBRATED_ROWS and width <= narrow]
-    paths = {width: ("kernel", "blas") if width in timed else ("kept",) for width in widths}
+    paths = {width: ("narrow", "blas") if width in timed else ("kept",) for width in widths}
     times = {(width, path): float("inf") for width in widths for path in paths[width]}
     kept = choice.blas_rows
     try:
@@ -96,7 +96,7 @@ def measure_forward_cost(model, prefix: int = 128, widths=COST_WIDTHS, repeat: i
                         times[width, path] = min(times[width, path], time.perf_counter() - start)
                     choice.blas_rows = kept
         for width in timed:
-            faster = times[width, "blas"] < times[width, "kernel"]
+            faster = times[width, "blas"] < times[width, "narrow"]
             kept = kept | {width} if faster else kept - {width}
         if timed and narrow < forward_mod.SKINNY_ROWS:  # W @ x^T: the rows above the timed ones follow the last
             top = max(timed)
