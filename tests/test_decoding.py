@@ -79,6 +79,24 @@ def make_drafter(kind, target, small_drafter):
 
 
 @pytest.mark.parametrize("tree", [None, 6], ids=["chain", "tree"])
+def test_cpu_forwards_of_several_tokens_attend_grouped_kv_heads_without_copies(target, monkeypatch, tree):
+    """The target has 4 query heads on 2 KV heads: the loop's prefill and verify forwards over several tokens
+    (and the self-drafting ModelDrafter's) never run transformers' repeat_kv, and leave the model on "sdpa"."""
+    from transformers.integrations import sdpa_attention
+
+    def refuse(hidden, n_rep):
+        raise AssertionError("repeat_kv ran in a loop forward")
+
+    expected = [reference_greedy(target, p, 12) for p in PROMPTS]
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", refuse)
+    decoder = SpeculativeDecoder(target, ModelDrafter(target), num_speculative_tokens=3, tree=tree)
+    out = decoder.generate(PROMPTS, max_new_tokens=12, eos_token_id=[])
+    assert out.sequences == expected
+    assert out.stats.accepted_tokens > 0
+    assert target.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("tree", [None, 6], ids=["chain", "tree"])
 @pytest.mark.parametrize("kind", ["ngram", "ngram-bymatch", "ngram-cost", "default_setup", "model", "self"])
 def test_greedy_equals_target_generate_on_ragged_batch(target, small_drafter, kind, tree):
     max_new = 20

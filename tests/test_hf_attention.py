@@ -132,3 +132,90 @@ def test_specdec_tree_forward_on_cuda_runs_the_kernel_and_matches_dense_mask():
         got = model(tree_ids, position_ids=positions, past_key_values=cache, tree_mask=info.mask,
                     prefix_lens=prefix_lens).logits
     torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-3)
+
+
+# ---------------------------------------------------------------- grouped_sdpa: the decode loop's CPU attention
+
+
+def test_grouped_sdpa_attention_equals_transformers_sdpa_and_copies_no_kv_head(monkeypatch):
+    """Several queries under a mask over grouped KV heads: the heads attended as they are (no repeat_kv), query
+    head h on KV head h // groups, equal to transformers' sdpa; one query or no mask: sdpa's own path."""
+    from transformers.integrations import sdpa_attention
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    batch, heads, kv_heads, dim, keys = 2, 6, 2, 16, 13
+    key, value = torch.randn(batch, kv_heads, keys, dim), torch.randn(batch, kv_heads, keys, dim)
+    for queries in (1, 4):
+        query = torch.randn(batch, queries, heads, dim).transpose(1, 2)       # non-contiguous, as a model's
+        bias = torch.where(torch.rand(batch, 1, queries, keys) < 0.3, float("-inf"), torch.randn(batch, 1, queries, keys))
+        bias[..., -1] = 0.0                                                  # every query sees a key
+        for mask in (bias, bias == 0.0, None):
+            repeats = []
+            real = sdpa_attention.repeat_kv
+            monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: repeats.append(n) or real(x, n))
+            expected, _ = sdpa_attention.sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+            copied, repeats[:] = list(repeats), []
+            outside, _ = hf_attention.grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3)
+            assert torch.equal(outside, expected) and repeats == copied      # outside a context: sdpa exactly
+            repeats.clear()
+            with hf_attention.grouped_sdpa(_tiny_llama()):
+                got, _ = hf_attention.grouped_sdpa_attention(module, query, key, value, mask, scaling=0.3)
+            monkeypatch.setattr(sdpa_attention, "repeat_kv", real)
+            assert got.shape == (batch, queries, heads, dim)
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+            # transformers copies the KV heads (K and V) for a mask and several queries; the grouped path never does
+            assert copied == ([3, 3] if queries > 1 and mask is not None else []), copied
+            assert repeats == []
+
+
+def test_grouped_sdpa_switches_only_grouped_sdpa_layers_while_open_and_nests():
+    grouped, full, eager = _tiny_llama(2), _tiny_llama(4), _tiny_llama(2)
+    grouped.set_attn_implementation("sdpa")
+    full.set_attn_implementation("sdpa")
+    eager.set_attn_implementation("eager")
+    with hf_attention.grouped_sdpa(grouped), hf_attention.grouped_sdpa(full), hf_attention.grouped_sdpa(eager):
+        assert grouped.config._attn_implementation == hf_attention.GROUPED_SDPA
+        assert transformers.AttentionInterface._global_mapping[hf_attention.GROUPED_SDPA] \
+            is hf_attention.grouped_sdpa_attention
+        assert full.config._attn_implementation == "sdpa"       # no grouped KV heads: nothing to gain
+        assert eager.config._attn_implementation == "eager"     # another implementation: left alone
+        with hf_attention.grouped_sdpa(grouped):
+            assert grouped.config._attn_implementation == hf_attention.GROUPED_SDPA
+        assert grouped.config._attn_implementation == hf_attention.GROUPED_SDPA   # the outer context still open
+    assert grouped.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError, match="inside"):
+        with hf_attention.grouped_sdpa(grouped):
+            raise RuntimeError("inside")
+    assert grouped.config._attn_implementation == "sdpa"
+
+
+def test_grouped_sdpa_model_forward_equals_sdpa_forward_with_a_tree_mask():
+    """A whole model's tree-verify forward through the grouped path gives sdpa's logits; a forward from
+    another thread while the context is open runs sdpa exactly."""
+    import threading
+
+    model = _tiny_llama(2)
+    model.set_attn_implementation("sdpa")
+    batch, prefix = 2, 11
+    prompt = torch.randint(0, 97, (batch, prefix))
+    tree_ids = torch.randint(0, 97, (batch, len(PARENTS)))
+    info = specdec_ops.build_tree(torch.tensor([PARENTS] * batch))
+    positions = prefix + info.depth
+    dense = _dense_tree_mask(PARENTS, prefix, prefix + len(PARENTS), torch.float32).expand(batch, -1, -1, -1)
+
+    def run():
+        with torch.no_grad():
+            return model(tree_ids, position_ids=positions, attention_mask=dense,
+                         past_key_values=_prefix_cache(model, prompt)).logits
+
+    expected = run()
+    with hf_attention.grouped_sdpa(model):
+        got = run()
+        other = []
+        thread = threading.Thread(target=lambda: other.append(run()))
+        thread.start()
+        thread.join()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(other[0], expected)

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import specdec_ops as ops
+from .hf_attention import grouped_sdpa
 
 TREE_ATTENTION = "specdec_tree"  # the attention implementation of decoding/hf_attention.py
 
@@ -159,7 +160,10 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
     # and its Python call per layer)
     narrow = (tokens.device.type == "cpu" and dtype == torch.float32 and 1 <= batch * width <= narrow_rows()
               and batch * width not in linear_choice(model).blas_rows)
-    with narrow_linears(model) if narrow else contextlib.nullcontext():
+    # several queries under a mask: grouped KV heads attended as they are (transformers' sdpa would copy them)
+    grouped = tokens.device.type == "cpu" and width > 1
+    with narrow_linears(model) if narrow else contextlib.nullcontext(), \
+            grouped_sdpa(model) if grouped else contextlib.nullcontext():
         out = model(input_ids=tokens, position_ids=start[:, None] + depth.long(), attention_mask=bias,
                     use_cache=True, **kwargs)
     logits = out.logits
