@@ -703,15 +703,20 @@ def test_measure_forward_cost_keeps_the_faster_product_path(target, monkeypatch,
         choice.blas_rows = saved
 
 
-def test_forward_over_rows_kept_on_f_linear_opens_no_narrow_context(target, monkeypatch, one_thread):
-    """A window whose rows are in linear_choice(model).blas_rows runs the model as it is (no narrow_linears,
-    no Python call per layer); a window of other rows still narrows."""
+@pytest.mark.parametrize("llama_forward", [True, False], ids=["llama_forward", "model"])
+def test_forward_over_rows_kept_on_f_linear_opens_no_narrow_context(target, monkeypatch, one_thread, llama_forward):
+    """A window whose rows are in linear_choice(model).blas_rows runs its products through F.linear (the model as it
+    is: no narrow_linears, no Python call per layer; the loop's Llama forward: no narrow_linear call); a window of
+    other rows still narrows."""
     from specdec_ops.decoding import forward as forward_mod
 
-    entered = []
-    narrow_linears = forward_mod.narrow_linears
+    entered, narrowed = [], []
+    narrow_linears, narrow_linear = forward_mod.narrow_linears, forward_mod.narrow_linear
     monkeypatch.setattr(forward_mod, "narrow_linears", lambda model: entered.append(model) or narrow_linears(model))
+    monkeypatch.setattr(forward_mod, "narrow_linear", lambda x, *a: narrowed.append(x.shape) or narrow_linear(x, *a))
     monkeypatch.setattr(forward_mod, "_skinny_kernel", lambda: True)
+    if not llama_forward:
+        monkeypatch.setattr(forward_mod, "runs_llama_forward", lambda model, mask: False)
     choice = forward_mod.linear_choice(target)
     saved = choice.blas_rows
     try:
@@ -721,7 +726,10 @@ def test_forward_over_rows_kept_on_f_linear_opens_no_narrow_context(target, monk
                 cache = forward_mod.RaggedKVCache(target, 1, 16, torch.device("cpu"), torch.float32)
                 mask, depth = forward_mod.chain_tree(width, 1, torch.device("cpu"))
                 forward_mod.forward(target, cache, torch.tensor([PROMPTS[0][:width]]), cache.seq_lens, depth, mask)
-                assert entered == ([] if width == 2 else [target])
+                if llama_forward:
+                    assert entered == [] and len(narrowed) == (0 if width == 2 else 2 * 7 + 1)
+                else:
+                    assert entered == ([] if width == 2 else [target])
     finally:
         choice.blas_rows = saved
 
@@ -742,22 +750,28 @@ def test_greedy_with_f_linear_at_few_rows_equals_generate(target, one_thread):
         choice.blas_rows = saved
 
 
+@pytest.mark.parametrize("llama_forward", [True, False], ids=["llama_forward", "model"])
 @pytest.mark.parametrize("batch,width", [(1, 1), (1, 2), (1, 4), (1, 5), (2, 2), (2, 3), (3, 1), (1, 32),
                                          (2, 16), (1, 33), (3, 6), (3, 11)])
-def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width, monkeypatch, one_thread):
-    """forward() on CPU enters narrow_linears exactly when batch x window is 1..narrow_rows() rows (32 with
-    the skinny_linear kernel, else 5) that the model's LinearChoice does not keep on F.linear, and its logits
-    equal those of the plain F.linear forward to rounding."""
+def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width, monkeypatch, one_thread,
+                                                           llama_forward):
+    """forward() on CPU runs its products through narrow_linear (the model: inside narrow_linears; the loop's Llama
+    forward: directly) exactly when batch x window is 1..narrow_rows() rows (32 with the skinny_linear kernel, else
+    5) that the model's LinearChoice does not keep on F.linear, and its logits equal those of the plain F.linear
+    forward to rounding."""
     from specdec_ops.decoding import forward as forward_mod
 
-    entered = []
-    narrow_linears = forward_mod.narrow_linears
+    entered, narrowed = [], []
+    narrow_linears, narrow_linear = forward_mod.narrow_linears, forward_mod.narrow_linear
 
     def recording(model):
         entered.append(model)
         return narrow_linears(model)
 
     monkeypatch.setattr(forward_mod, "narrow_linears", recording)
+    monkeypatch.setattr(forward_mod, "narrow_linear", lambda x, *a: narrowed.append(x.shape) or narrow_linear(x, *a))
+    if not llama_forward:
+        monkeypatch.setattr(forward_mod, "runs_llama_forward", lambda model, mask: False)
     tokens = torch.tensor([(PROMPTS[0] * 4)[i:i + width] for i in range(batch)])
     rows = forward_mod.narrow_rows()
     kept = forward_mod.linear_choice(target).blas_rows   # (rows measure_forward_cost left on F.linear: no context)
@@ -769,7 +783,11 @@ def test_forward_runs_narrow_windows_through_narrow_linear(target, batch, width,
             cache.seq_lens.fill_(3)
             mask, depth = forward_mod.chain_tree(width, batch, tokens.device)
             results.append(forward_mod.forward(target, cache, tokens, cache.seq_lens, depth, mask))
-    assert entered == ([target] if 1 <= batch * width <= rows and batch * width not in kept else [])
+    narrows = 1 <= batch * width <= rows and batch * width not in kept
+    if llama_forward:
+        assert entered == [] and bool(narrowed) == narrows
+    else:
+        assert entered == ([target] if narrows else [])
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
 
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 import specdec_ops as ops
 from .hf_attention import grouped_sdpa
+from .llama import llama_forward, runs_llama_forward
 
 TREE_ATTENTION = "specdec_tree"  # the attention implementation of decoding/hf_attention.py
 
@@ -160,13 +161,17 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
     # and its Python call per layer)
     narrow = (tokens.device.type == "cpu" and dtype == torch.float32 and 1 <= batch * width <= narrow_rows()
               and batch * width not in linear_choice(model).blas_rows)
-    # several queries under a mask: grouped KV heads attended as they are (transformers' sdpa would copy them)
-    grouped = tokens.device.type == "cpu" and width > 1
-    with narrow_linears(model) if narrow else contextlib.nullcontext(), \
-            grouped_sdpa(model) if grouped else contextlib.nullcontext():
-        out = model(input_ids=tokens, position_ids=start[:, None] + depth.long(), attention_mask=bias,
-                    use_cache=True, **kwargs)
-    logits = out.logits
+    positions = start[:, None] + depth.long()
+    if runs_llama_forward(model, bias):     # transformers' Llama computation without its module calls (CPU)
+        logits = llama_forward(model, tokens, positions, kwargs[_cache_kwarg(type(model))], bias,
+                               logits_at if kept else None, narrow, linear_choice(model).blas_rows)
+    else:
+        # several queries under a mask: grouped KV heads attended as they are (transformers' sdpa would copy them)
+        grouped = tokens.device.type == "cpu" and width > 1
+        with narrow_linears(model) if narrow else contextlib.nullcontext(), \
+                grouped_sdpa(model) if grouped else contextlib.nullcontext():
+            logits = model(input_ids=tokens, position_ids=positions, attention_mask=bias, use_cache=True,
+                           **kwargs).logits
     if logits_at is None:
         return logits.float()
     rows = torch.arange(batch, device=logits.device)
