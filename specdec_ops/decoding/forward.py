@@ -104,6 +104,10 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
             tree_attention_backend: str | None = None, start_range: tuple[int, int] | None = None) -> torch.Tensor:
     """One forward of ``model`` over a window of tree nodes.
 
+    A Llama, Mistral or Qwen2 model on the CPU runs through the loop's own forward where that computes its
+    logits bit for bit (``decoding.llama``: float32, ``"sdpa"``, exactly transformers' classes, no hooks);
+    any other model runs itself, with grouped KV heads attended without copies (``hf_attention.grouped_sdpa``).
+
     Parameters
     ----------
     tokens : int64 [B, Q]: node tokens (padding anywhere its mask row hides it from real nodes)
