@@ -417,30 +417,51 @@ def narrow_linears(model: torch.nn.Module):
     5 ms per forward of SmolLM2-135M: every torch call of the forward crossed into Python), it costs one
     Python call per linear layer.
     """
+    with patched_while_open(model, _NARROW_LOCK, _NARROW_OPEN, _install_narrow, _uninstall_narrow):
+        _NARROW.depth += 1
+        outer_rows, _NARROW.blas_rows = _NARROW.blas_rows, linear_choice(model).blas_rows
+        try:
+            yield
+        finally:
+            _NARROW.depth -= 1
+            _NARROW.blas_rows = outer_rows
+
+
+def _install_narrow(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    installed = [layer for layer in _linear_layers(model) if "forward" not in layer.__dict__]
+    for layer in installed:
+        layer.__dict__["forward"] = types.MethodType(_narrow_forward, layer)
+    return installed
+
+
+def _uninstall_narrow(installed: list[torch.nn.Linear]) -> None:
+    for layer in installed:
+        own = layer.__dict__.get("forward")
+        if getattr(own, "__func__", None) is _narrow_forward:
+            del layer.__dict__["forward"]
+
+
+@contextlib.contextmanager
+def patched_while_open(model, lock: threading.Lock, table: dict, install, uninstall):
+    """A change to ``model`` held while any thread has a context open on it: the first to open (on any thread)
+    runs ``install(model)`` and keeps what it returns, the last to close runs ``uninstall(that)``; ``table``
+    holds ``id(model) -> (contexts open, that)`` under ``lock`` (``narrow_linears``,
+    ``hf_attention.grouped_sdpa``)."""
     key = id(model)
-    with _NARROW_LOCK:
-        count, installed = _NARROW_OPEN.get(key, (0, []))
+    with lock:
+        count, state = table.get(key, (0, None))
         if count == 0:
-            installed = [layer for layer in _linear_layers(model) if "forward" not in layer.__dict__]
-            for layer in installed:
-                layer.__dict__["forward"] = types.MethodType(_narrow_forward, layer)
-        _NARROW_OPEN[key] = (count + 1, installed)
-    _NARROW.depth += 1
-    outer_rows, _NARROW.blas_rows = _NARROW.blas_rows, linear_choice(model).blas_rows
+            state = install(model)
+        table[key] = (count + 1, state)
     try:
         yield
     finally:
-        _NARROW.depth -= 1
-        _NARROW.blas_rows = outer_rows
-        with _NARROW_LOCK:
-            count, installed = _NARROW_OPEN.pop(key)
+        with lock:
+            count, state = table.pop(key)
             if count > 1:
-                _NARROW_OPEN[key] = (count - 1, installed)
+                table[key] = (count - 1, state)
             else:
-                for layer in installed:
-                    own = layer.__dict__.get("forward")
-                    if getattr(own, "__func__", None) is _narrow_forward:
-                        del layer.__dict__["forward"]
+                uninstall(state)
 
 
 @functools.lru_cache(maxsize=None)

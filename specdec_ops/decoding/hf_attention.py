@@ -155,29 +155,29 @@ def grouped_sdpa(model: torch.nn.Module):
     back to ``"sdpa"`` when the last context on the model closes (a count per model, under a lock); another
     thread's forwards meanwhile run transformers' sdpa exactly (the function defers to it outside a context).
     """
-    key = id(model)
-    with _GROUPED_LOCK:
-        count, switched = _GROUPED_OPEN.get(key, (0, []))
-        if count == 0:
-            switched = [c for c in _grouped_configs(model) if c._attn_implementation == "sdpa"]
-            if switched:
-                _register_grouped()
-            for config in switched:
-                config._attn_implementation = GROUPED_SDPA
-        _GROUPED_OPEN[key] = (count + 1, switched)
-    _GROUPED.depth += 1
-    try:
-        yield
-    finally:
-        _GROUPED.depth -= 1
-        with _GROUPED_LOCK:
-            count, switched = _GROUPED_OPEN.pop(key)
-            if count > 1:
-                _GROUPED_OPEN[key] = (count - 1, switched)
-            else:
-                for config in switched:
-                    if getattr(config, "_attn_implementation", None) == GROUPED_SDPA:
-                        config._attn_implementation = "sdpa"
+    from .forward import patched_while_open
+
+    with patched_while_open(model, _GROUPED_LOCK, _GROUPED_OPEN, _switch_grouped, _switch_back):
+        _GROUPED.depth += 1
+        try:
+            yield
+        finally:
+            _GROUPED.depth -= 1
+
+
+def _switch_grouped(model: torch.nn.Module) -> list:
+    switched = [c for c in _grouped_configs(model) if c._attn_implementation == "sdpa"]
+    if switched:
+        _register_grouped()
+    for config in switched:
+        config._attn_implementation = GROUPED_SDPA
+    return switched
+
+
+def _switch_back(switched: list) -> None:
+    for config in switched:
+        if getattr(config, "_attn_implementation", None) == GROUPED_SDPA:
+            config._attn_implementation = "sdpa"
 
 
 def _register_grouped() -> None:
