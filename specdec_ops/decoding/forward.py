@@ -161,8 +161,8 @@ def forward(model, cache: RaggedKVCache, tokens: torch.Tensor, start: torch.Tens
         kwargs.pop("tree_mask", None)
         kwargs.pop("prefix_lens", None)
         kwargs.pop("tree_attention_backend", None)
-    # (a window whose rows the model's LinearChoice keeps on F.linear runs the model as it is: no narrow_linears
-    # and its Python call per layer)
+    # (a window whose rows the model's LinearChoice keeps on F.linear runs its products through F.linear: the model
+    # without narrow_linears and its Python call per layer, or llama_forward without narrow_linear)
     narrow = (tokens.device.type == "cpu" and dtype == torch.float32 and 1 <= batch * width <= narrow_rows()
               and batch * width not in linear_choice(model).blas_rows)
     positions = start[:, None] + depth.long()
@@ -389,10 +389,15 @@ def _narrow_forward(layer: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor
     """An nn.Linear layer's forward while ``narrow_linears`` is open on its model: ``narrow_linear`` on a
     thread inside the context where that applies, else exactly ``F.linear``."""
     if _NARROW.depth:
-        out = narrow_linear(input, layer.weight, layer.bias, _NARROW.blas_rows)
-        if out is not None:
-            return out
+        return narrow_project(input, layer, _NARROW.blas_rows)
     return F.linear(input, layer.weight, layer.bias)
+
+
+def narrow_project(x: torch.Tensor, layer: torch.nn.Linear, blas_rows=frozenset()) -> torch.Tensor:
+    """A linear layer's product in the loop's narrow forwards: ``narrow_linear`` where it applies, else ``F.linear``
+    (``narrow_linears``' layer forward and ``decoding.llama.llama_forward`` both compute it so)."""
+    out = narrow_linear(x, layer.weight, layer.bias, blas_rows)
+    return F.linear(x, layer.weight, layer.bias) if out is None else out
 
 
 def _linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:

@@ -145,14 +145,10 @@ def llama_forward(model, tokens: torch.Tensor, position_ids: torch.Tensor, cache
     -------
     logits [B, Q, V] (or [B, len(logits_to_keep), V]) in the model's dtype.
     """
-    from .forward import narrow_linear
+    from .forward import narrow_project
 
     def project(x, layer):
-        if narrow:
-            out = narrow_linear(x, layer.weight, layer.bias, blas_rows)
-            if out is not None:
-                return out
-        return F.linear(x, layer.weight, layer.bias)
+        return narrow_project(x, layer, blas_rows) if narrow else F.linear(x, layer.weight, layer.bias)
 
     inner = model.model
     batch, width = tokens.shape
