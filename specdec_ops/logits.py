@@ -838,11 +838,43 @@ def chain_race_group(batch: int, chunks: int, sms: int) -> int:
     return 2 if chunks >= 2 and batch * chunks > _RACE_PROGRAMS_PER_SM * sms else 1
 
 
+# chain_fused_kernel's register cap (ptxas .maxnreg): without it the ptxas of Triton 3.6 keeps the kernel at 96
+# registers and spills 8 bytes (the draft-probs race's division slow path); with it every Triton from 3.6 compiles
+# it within 96, no spills (tests/aot_logits_kernel.py).
+_FUSED_MAXNREG = 104
+
+
+def _launch_fused_chain(target, ids, lengths, q, has_q, temperature, seeds, offsets, batch, max_draft, packed,
+                        bonus_rows, bonus, has_bonus, block, chunk, chunks, group, token_ids, num_accepted):
+    """chain_fused_kernel: the whole chain verification in one launch (rows without filters, no logprobs, no
+    synthetic rates). Grid: B x (K+1) x chunks chunk programs, then B x races race programs."""
+    from .triton_kernels.logits import chain_fused_kernel
+
+    rows = batch * (max_draft + 1)
+    races = -(-chunks // group)
+    new = target.new_empty
+    counters = torch.zeros((1 + 2 * batch,), dtype=torch.int32, device=target.device)
+    chain_fused_kernel[(rows * chunks + batch * races,)](
+        target, q, ids, lengths, seeds, offsets, target if temperature is None else temperature.contiguous(),
+        new((rows, chunks), dtype=torch.float32), new((rows, chunks), dtype=torch.int64),
+        new((rows, chunks), dtype=torch.float32), new((batch, chunks), dtype=torch.float32),
+        new((batch, chunks), dtype=torch.int32), new((batch, races), dtype=torch.float32),
+        new((batch, races), dtype=torch.int64), counters, token_ids, num_accepted, bonus,
+        target.shape[-1], max_draft, ids.numel(), int(bonus_rows), batch,
+        PACKED=packed, HAS_DRAFT_PROBS=has_q, HAS_T=temperature is not None, HAS_BONUS=has_bonus, CHUNKS=chunks,
+        CHUNKS_P2=next_pow2(chunks), CHUNK=chunk, PART_BLOCK=_partials_block(chunk), RACE_BLOCK=block,
+        BLOCK=block,
+        BLOCK_K=next_pow2(max_draft + 1), RACE_GROUP=group,
+        PAIRS=target.dtype == torch.bfloat16 and target.shape[-1] % 2 == 0 and target.data_ptr() % 4 == 0,
+        num_warps=4, maxnreg=_FUSED_MAXNREG)
+
+
 def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
                   batch, max_draft, packed, bonus_rows, bonus_token_ids, rates, chunk=None, block=None,
-                  radix_block=None, race_group=None, early_bonus_token=True, stats=None):
+                  radix_block=None, race_group=None, early_bonus_token=True, stats=None, fused=True):
     """The Triton chain kernels, every row split over chunks of `chunk` entries (tiles of `block`; the radix
-    histograms' of `radix_block`): _split_rows, then chain_walk_race_kernel (its race over `race_group` chunks a
+    histograms' of `radix_block`). Without filter tensors, logprobs or synthetic rates (and `fused`): one launch
+    of chain_fused_kernel. Else _split_rows, then chain_walk_race_kernel (its race over `race_group` chunks a
     program: chain_race_group on a GPU, 1 off it, by default). `early_bonus_token` (where it applies:
     _split_rows): top-p's early bonus token; `stats`, a dict, receives its workspaces (tests)."""
     from .triton_kernels.logits import chain_walk_race_kernel
@@ -865,6 +897,11 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     block, radix_block, chunk, chunks = _split_sizes(vocab, chunk, block, radix_block)
     group = race_group or (chain_race_group(batch, chunks, num_sms(target.device)) if target.device.type == "cuda"
                            else 1)
+    if fused and not return_logprobs and rates is None and all(p is None for p in params[1:]):
+        _launch_fused_chain(target, ids, lengths, q, draft_probs is not None, params[0], seeds, offsets, batch,
+                            max_draft, packed, bonus_rows, bonus, bonus_token_ids is not None, block, chunk, chunks,
+                            group, token_ids, num_accepted)
+        return token_ids, num_accepted, logprobs
     early_bonus = dict(batch=batch, race_group=group, block=block, token_ids=token_ids, num_accepted=num_accepted,
                        stats=stats) if early_bonus_token else None
     split = _split_rows(target, lengths, params, batch * (max_draft + 1), max_draft, ids.numel(), bonus_rows, packed,

@@ -5,7 +5,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from specdec_ops.triton_kernels.logits import (chain_bonus_race_kernel, chain_bonus_verdict_kernel,
-                                              chain_kept_mass_kernel, chain_radix_pass_kernel,
+                                              chain_fused_kernel, chain_kept_mass_kernel, chain_radix_pass_kernel,
                                               chain_row_partials_kernel, chain_walk_race_kernel,
                                               process_logits_kernel, tree_rejection_sample_logits_kernel)
 
@@ -84,4 +84,17 @@ for logits, passes in (("*bf16", 4), ("*fp32", 8)):
         check(compile_kernel(chain_kept_mass_kernel, types, dict(filtered, BLOCK=1024, EARLY=early,
                                                                  EARLY_BONUS=early),
                              num_warps=4), f"chain_kept_mass_kernel {logits} EARLY={early}")
+# chain verification in one launch (no filters, logprobs or rates), as launched (4 warps), no spills: bf16
+# pairs, float32 logits; with and without temperatures, draft probs, packed rows, external bonus ids
+fused = dict(split, bonus_score_ptr="*fp32", bonus_index_ptr="*i32", counters_ptr="*i32", batch="i32")
+for logits, pairs, has_t, has_q, packed, has_bonus in (("*bf16", True, False, False, False, False),
+                                                       ("*bf16", True, True, True, False, False),
+                                                       ("*bf16", True, True, False, True, True),
+                                                       ("*fp32", False, True, True, False, False),
+                                                       ("*fp16", False, False, False, True, False)):
+    check(compile_kernel(chain_fused_kernel, dict(fused, logits_ptr=logits, draft_probs_ptr=logits),
+                         dict(PACKED=packed, HAS_DRAFT_PROBS=has_q, HAS_T=has_t, HAS_BONUS=has_bonus, CHUNKS=16,
+                              CHUNKS_P2=16, CHUNK=8192, PART_BLOCK=4096, RACE_BLOCK=1024, BLOCK=1024, BLOCK_K=8,
+                              RACE_GROUP=2, PAIRS=pairs, vocab=128256), num_warps=4, maxnreg=104),
+          f"chain_fused_kernel {logits} HAS_T={has_t} HAS_DRAFT_PROBS={has_q} PACKED={packed} HAS_BONUS={has_bonus}")
 print("compiled")

@@ -1627,6 +1627,146 @@ def test_triton_split_chain_packed_bonus_ids_and_rates_equal_the_cpu_op():
         assert torch.equal(ids, ref.token_ids) and torch.equal(accepted, ref.num_accepted)
 
 
+def _fused_call(logits, drafts, num, q, temperature, seeds, offsets, fused=True, chunk=48, **kw):
+    from specdec_ops.logits import _launch_chain
+
+    packed = kw.pop("packed", False)
+    batch = kw.pop("batch", drafts.shape[0])
+    k = kw.pop("k", drafts.shape[-1])
+    ids, accepted, _ = _launch_chain(logits, drafts, num, q, (temperature, None, None, None), seeds, offsets, False,
+                                     batch, k, packed=packed, bonus_rows=kw.pop("bonus_rows", True),
+                                     bonus_token_ids=kw.pop("bonus_token_ids", None), rates=None, chunk=chunk,
+                                     block=16, fused=fused, **kw)
+    return ids, accepted
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+@pytest.mark.parametrize("dtype,vocab", [(torch.bfloat16, 204), (torch.bfloat16, 203), (torch.float16, 204),
+                                         (torch.float32, 203)], ids=["bf16-pairs", "bf16-odd", "fp16", "fp32"])
+def test_triton_fused_chain_equals_the_split_pair_and_the_cpu_op(dtype, vocab):
+    """chain_fused_kernel (one launch: the chunks' partials with the bonus race in the same pass, then the
+    request programs' walk and, after a rejection, their race) against the two-kernel path and the C++ op, on
+    _split_cases' rows (greedy and sampled, rejections at 0 and 2, full acceptance, no drafts, an
+    out-of-vocabulary draft, rows without a finite logit, NaN and inf, a residual without mass) in the logits'
+    dtype; bfloat16 with an even vocabulary reads pairs of entries as 32-bit words (bf16_pairs), with an odd
+    one entry by entry. Chunks of 48 (3 tiles: the running max rises across tiles)."""
+    logits, drafts, num, temperature, q, seeds = _split_cases()
+    logits = torch.cat([logits, logits[..., :1] - 1.0], -1)[..., :vocab].to(dtype)
+    drafts = drafts.clamp(max=vocab + 7)
+    q = torch.softmax(torch.randn(*drafts.shape, vocab, generator=torch.Generator().manual_seed(3)) * 2, -1)
+    for dp in (None, q.to(dtype)):
+        for offset in range(3):
+            offsets = torch.full((logits.shape[0],), offset, dtype=torch.int64)
+            ref = specdec_ops.rejection_sample_logits(logits, drafts, num, dp, temperature=temperature, seeds=seeds,
+                                                      offsets=offsets, reject_invalid_drafts=True, backend="cpu")
+            fused = _fused_call(logits, drafts, num, dp, temperature, seeds, offsets)
+            split = _fused_call(logits, drafts, num, dp, temperature, seeds, offsets, fused=False)
+            assert torch.equal(fused[0], split[0]) and torch.equal(fused[1], split[1]), (offset, fused, split)
+            assert torch.equal(fused[0], ref.token_ids), (offset, dp is None, fused[0], ref.token_ids)
+            assert torch.equal(fused[1], ref.num_accepted)
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+def test_triton_fused_chain_bonus_race_across_tiles_and_chunks():
+    """The fused bonus race on rows whose maximum rises from tile to tile and from chunk to chunk (the running
+    best rescaled with the sum, the chunks' winners rescaled to the row's max before they are compared): the
+    bonus token of 48 requests without drafts, a third of them at other temperatures, equals the C++ op's
+    (a race that kept an earlier tile's score unscaled, or compared the chunks' scores as they are, favours
+    the row's start). Then the same rows in bfloat16 as 32-bit pairs, from an offset view (rows 2-byte
+    aligned: read entry by entry)."""
+    batch, vocab = 48, 320
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.linspace(-4.0, 4.0, vocab) + torch.randn(batch, 1, vocab, generator=g)).contiguous()
+    drafts = torch.zeros(batch, 0, dtype=torch.int64)
+    num = torch.zeros(batch, dtype=torch.int64)
+    seeds = torch.arange(batch, dtype=torch.int64) * 7 + 2
+    offsets = torch.zeros(batch, dtype=torch.int64)
+    temperature = torch.tensor([1.0, 0.6, 1.7] * (batch // 3))
+    for rows in (logits, logits.to(torch.bfloat16),
+                 torch.cat([torch.zeros(1), logits.to(torch.bfloat16).flatten()])[1:].view(batch, 1, vocab)):
+        ref = specdec_ops.rejection_sample_logits(rows, drafts, num, temperature=temperature, seeds=seeds,
+                                                  offsets=offsets, backend="cpu")
+        ids, _ = _fused_call(rows, drafts, num, None, temperature, seeds, offsets, chunk=64, k=0)
+        assert torch.equal(ids, ref.token_ids), (rows.dtype, ids[:, 0], ref.token_ids[:, 0])
+        assert len(set((ref.token_ids[:, 0] // 64).tolist())) >= 3  # winners in several chunks
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+def test_triton_fused_chain_packed_rows_and_bonus_ids():
+    """chain_fused_kernel on packed rows, with bonus rows and without (external bonus ids: the bonus row is never
+    read, the walk stops after the last draft), with and without draft probabilities, against the C++ op."""
+    logits, drafts, num, temperature, q, seeds = _split_cases()
+    batch, k = drafts.shape
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), num.cumsum(0)])
+    packed_drafts = torch.cat([drafts[b, :num[b]] for b in range(batch)])
+    packed_q = torch.cat([q[b, :num[b]] for b in range(batch)])
+    with_bonus = torch.cat([logits[b, :num[b] + 1] for b in range(batch)])
+    without = torch.cat([logits[b, :num[b]] for b in range(batch)])
+    bonus = torch.arange(batch, dtype=torch.int64) * 7 + 3
+    offsets = torch.ones(batch, dtype=torch.int64)
+    for dp in (None, packed_q):
+        for rows, bonus_ids in ((with_bonus, None), (without, bonus)):
+            ref = specdec_ops.rejection_sample_logits_packed(
+                rows, cu, packed_drafts, dp, temperature=temperature, seeds=seeds, offsets=offsets,
+                max_num_draft_tokens=k, bonus_token_ids=bonus_ids, reject_invalid_drafts=True, backend="cpu")
+            ids, accepted = _fused_call(rows, packed_drafts, cu, dp, temperature, seeds, offsets, chunk=32,
+                                        packed=True, batch=batch, k=k, bonus_rows=bonus_ids is None,
+                                        bonus_token_ids=bonus_ids)
+            assert torch.equal(ids, ref.token_ids) and torch.equal(accepted, ref.num_accepted), (ids, ref.token_ids)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_draft_without_mass_under_both_models_is_rejected(backend):
+    """A draft whose target logit is -inf (p(x) = 0) and whose draft probability is 0 too: u q(x) < p(x) is
+    0 < 0, so it is rejected whatever the uniform (an acceptance test turned `<=` accepts it), on every
+    backend and, on Triton, the one-launch path and the split pair alike; the rows after it are never used."""
+    batch, k, vocab = 6, 3, 64
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(batch, k + 1, vocab, generator=g)
+    drafts = torch.randint(1, vocab, (batch, k), generator=g)
+    drafts[:, 0] = 0
+    logits[:, 0, 0] = float("-inf")
+    q = torch.softmax(torch.randn(batch, k, vocab, generator=g), -1)
+    q[:, 0, 0] = 0.0
+    q[:, 0] /= q[:, 0].sum(-1, keepdim=True)
+    num = torch.full((batch,), k, dtype=torch.int64)
+    seeds = torch.arange(batch, dtype=torch.int64)
+    for offset in range(4):
+        offsets = torch.full((batch,), offset, dtype=torch.int64)
+        out = specdec_ops.rejection_sample_logits(logits, drafts, num, q, temperature=torch.ones(batch), seeds=seeds,
+                                                  offsets=offsets, backend=backend)
+        assert (out.num_accepted == 0).all(), out.num_accepted
+        assert (out.token_ids[:, 0] != 0).all() and (out.token_ids[:, 1:] == -1).all()
+        if backend == "triton":
+            split = _fused_call(logits, drafts, num, q, torch.ones(batch), seeds, offsets, fused=False, chunk=32)
+            assert torch.equal(split[0], out.token_ids)
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+def test_triton_chain_without_filters_launches_one_kernel(monkeypatch):
+    """Without filter tensors, logprobs or synthetic rates the chain runs chain_fused_kernel alone (the split
+    pair's kernels would fail here); logprobs still take the split pair."""
+    import specdec_ops.triton_kernels.logits as kernels
+
+    class Refused:
+        def __getitem__(self, grid):
+            raise AssertionError("a split kernel was launched")
+
+    logits, drafts, num, temperature, q, seeds = _split_cases()
+    offsets = torch.zeros(drafts.shape[0], dtype=torch.int64)
+    ref = specdec_ops.rejection_sample_logits(logits, drafts, num, q, temperature=temperature, seeds=seeds,
+                                              offsets=offsets, reject_invalid_drafts=True, backend="cpu")
+    monkeypatch.setattr(kernels, "chain_row_partials_kernel", Refused())
+    monkeypatch.setattr(kernels, "chain_walk_race_kernel", Refused())
+    out = specdec_ops.rejection_sample_logits(logits, drafts, num, q, temperature=temperature, seeds=seeds,
+                                              offsets=offsets, reject_invalid_drafts=True, backend="triton")
+    assert torch.equal(out.token_ids, ref.token_ids)
+    with pytest.raises(AssertionError, match="split kernel"):
+        specdec_ops.rejection_sample_logits(logits, drafts, num, q, temperature=temperature, seeds=seeds,
+                                            offsets=offsets, return_logprobs=True, reject_invalid_drafts=True,
+                                            backend="triton")
+
+
 @pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
 def test_triton_split_chain_race_winner_in_every_chunk():
     """Which chunk holds the race's winner varies with the seed; the combined winner must be the race's over the

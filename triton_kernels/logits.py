@@ -11,9 +11,11 @@ float16 5, float32 8: radix_passes), each pick then turned into the threshold on
 (threshold_key). Rows without filters take two passes (max, then the sum of
 e). process_logits runs one program per row, tree verification one per request (its walk
 enters a node's row when it reaches it). Chain verification splits each row over fixed
-vocabulary chunks (chain_row_partials_kernel, with filters one chain_radix_pass_kernel
-launch per radix pass and chain_kept_mass_kernel, then chain_walk_race_kernel: see the
-sections at the end of this file).
+vocabulary chunks: without filters, logprobs or synthetic rates in one launch
+(chain_fused_kernel: the chunks' statistics with the bonus race in the same pass, then the
+walk and any other race); else chain_row_partials_kernel, with filters one
+chain_radix_pass_kernel launch per radix pass and chain_kept_mass_kernel, then
+chain_walk_race_kernel (see the sections at the end of this file).
 """
 
 import triton
@@ -630,26 +632,8 @@ def chain_row_partials_kernel(
         if HAS_T:
             t = tl.load(temperature_ptr + b)
             inv_t = tl.where(t > 0, tl.math.div_rn(1.0, tl.minimum(t, F32_MAX)), 1.0)
-        exp2_scale = inv_t * LOG2E
-        row_ptr = logits_ptr + target_row * vocab
-        lo = c * CHUNK
-        m = tl.full([], float("-inf"), tl.float32)
-        total = tl.full([], 0.0, tl.float32)
-        best_index = tl.zeros([], tl.int32) + lo
-        for start in range(0, CHUNK, PART_BLOCK):
-            idx = lo + start + tl.arange(0, PART_BLOCK)
-            x = load_row(row_ptr, idx, idx < vocab)
-            tile_max = tl.max(x, 0)
-            if tile_max > m:  # m = -inf before the first finite entry: the sum so far is 0 and stays 0
-                if HAS_T:
-                    best_index = tl.min(tl.where(x == tile_max, idx, 0x7FFFFFFF), 0)
-                total = total * tl.exp((m - tile_max) * inv_t)
-                m = tile_max
-            if m > float("-inf"):  # else every entry so far is -inf (x - m would be NaN): no mass yet
-                # exp2 of (x - m) / T * log2(e): the ex2 without the subnormal rescaling tl.exp carries (a
-                # term below 2^-126 flushes to 0, against the max's own term 1: under 2^-109 of the sum at
-                # any vocabulary size); three instructions per entry with the subtraction
-                total += tl.sum(tl.math.exp2((x - m) * exp2_scale), 0)
+        m, total, best_index = chunk_partials(logits_ptr + target_row * vocab, c * CHUNK, vocab, inv_t, HAS_T, CHUNK,
+                                              PART_BLOCK)
         at = j * CHUNKS + c
         tl.store(part_max_ptr + at, m)
         tl.store(part_arg_ptr + at, best_index.to(tl.int64))
@@ -657,15 +641,41 @@ def chain_row_partials_kernel(
 
 
 @triton.jit
+def chunk_partials(row_ptr, lo, vocab, inv_t, HAS_T: tl.constexpr, CHUNK: tl.constexpr, PART_BLOCK: tl.constexpr):
+    """(max, first argmax (HAS_T; else lo), sum of exp2((x - max) inv_t log2(e))) of the sanitized logits
+    [lo, lo + CHUNK) of a row (chain_row_partials_kernel's docstring)."""
+    exp2_scale = inv_t * LOG2E
+    m = tl.full([], float("-inf"), tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    best_index = tl.zeros([], tl.int32) + lo
+    for start in range(0, CHUNK, PART_BLOCK):
+        idx = lo + start + tl.arange(0, PART_BLOCK)
+        x = load_row(row_ptr, idx, idx < vocab)
+        tile_max = tl.max(x, 0)
+        if tile_max > m:  # m = -inf before the first finite entry: the sum so far is 0 and stays 0
+            if HAS_T:
+                best_index = tl.min(tl.where(x == tile_max, idx, 0x7FFFFFFF), 0)
+            total = total * tl.exp((m - tile_max) * inv_t)
+            m = tile_max
+        if m > float("-inf"):  # else every entry so far is -inf (x - m would be NaN): no mass yet
+            # exp2 of (x - m) / T * log2(e): the ex2 without the subnormal rescaling tl.exp carries (a
+            # term below 2^-126 flushes to 0, against the max's own term 1: under 2^-109 of the sum at
+            # any vocabulary size); three instructions per entry with the subtraction
+            total += tl.sum(tl.math.exp2((x - m) * exp2_scale), 0)
+    return m, total, best_index
+
+
+@triton.jit
 def combined_row(part_max_ptr, part_arg_ptr, part_sum_ptr, j, temperature, CHUNKS: tl.constexpr,
-                 CHUNKS_P2: tl.constexpr):
+                 CHUNKS_P2: tl.constexpr, VOLATILE: tl.constexpr = False):
     """(m, argmax, total) of row j from its chunk partials: the largest maximum with the smallest index
-    (index 0 without a finite logit), and the chunk sums rescaled to m (T = 1 when temperature is 0)."""
+    (index 0 without a finite logit), and the chunk sums rescaled to m (T = 1 when temperature is 0).
+    VOLATILE: partials other programs of the same launch wrote (read past the L1)."""
     cs = tl.arange(0, CHUNKS_P2)
     valid = cs < CHUNKS
-    ms = tl.load(part_max_ptr + j * CHUNKS + cs, mask=valid, other=float("-inf"))
-    args = tl.load(part_arg_ptr + j * CHUNKS + cs, mask=valid, other=0)
-    sums = tl.load(part_sum_ptr + j * CHUNKS + cs, mask=valid, other=0.0)
+    ms = tl.load(part_max_ptr + j * CHUNKS + cs, mask=valid, other=float("-inf"), volatile=VOLATILE)
+    args = tl.load(part_arg_ptr + j * CHUNKS + cs, mask=valid, other=0, volatile=VOLATILE)
+    sums = tl.load(part_sum_ptr + j * CHUNKS + cs, mask=valid, other=0.0, volatile=VOLATILE)
     m = tl.max(ms, 0)
     finite = ms > float("-inf")
     argmax = tl.min(tl.where(finite & (ms == m), args, 0x7FFFFFFFFFFFFFFF), 0)
@@ -1293,25 +1303,348 @@ def chain_walk_race_kernel(
 
     writer = c == 0
     if race != 0:
-        # this program's chunk of the race at row k: over max(p - q, 0) after a rejected draft, over p on the
-        # bonus row (and, alone in the writer, over p once more when the residual has no mass at all)
-        residual = k < n
-        purpose = tl.where(residual, PURPOSE_RESIDUAL, PURPOSE_BONUS)
-        row_ptr = logits_ptr + (target_base + k) * vocab
-        q_row_ptr = draft_probs_ptr + (draft_base + k) * vocab
-        lo = tl.program_id(1) * (CHUNK * RACE_GROUP)  # int32, as the race's indices
-        best, index = split_race(row_ptr, q_row_ptr, x, residual, vocab, m, t, tau, total, seed, offset, k, purpose, lo,
-                                 CHUNK * RACE_GROUP, HAS_T, HAS_DRAFT_PROBS, BLOCK)
-        races = (CHUNKS + RACE_GROUP - 1) // RACE_GROUP
-        writer = race_program_is_last(race_score_ptr, race_index_ptr, tickets_ptr, b, c, races, best, index)
-        if writer:
-            top, final = race_programs_winner(race_score_ptr, race_index_ptr, b, races, CHUNKS_P2)
-            if residual & (top <= 0):  # no residual mass: the race over p, every chunk here
-                _, fallback = split_race(row_ptr, q_row_ptr, x, residual & (top > 0), vocab, m, t, tau, total, seed,
-                                         offset, k, purpose, 0, CHUNKS * CHUNK, HAS_T, HAS_DRAFT_PROBS, BLOCK)
-                final = fallback.to(tl.int64)
-            if LOGPROBS:
-                lps = tl.where(js == k, row_logprob(row_ptr, final, m, t, tau, total), lps)
+        writer, final, lps = final_row_race(logits_ptr, draft_probs_ptr, race_score_ptr, race_index_ptr, tickets_ptr,
+                                            b, c, k, n, x, m, t, tau, total, seed, offset, target_base, draft_base,
+                                            lps, js, vocab, HAS_T, HAS_DRAFT_PROBS, LOGPROBS, CHUNKS, CHUNKS_P2, CHUNK,
+                                            BLOCK, RACE_GROUP)
     if writer:
         write_chain_outputs(token_ids_ptr, num_accepted_ptr, logprobs_ptr, bonus_ptr, draft_ids_ptr, b, n, k, final,
                             lps, js, draft_base, max_draft, vocab, LOGPROBS, HAS_BONUS)
+
+
+@triton.jit
+def final_row_race(logits_ptr, draft_probs_ptr, race_score_ptr, race_index_ptr, tickets_ptr, b, c, k, n, x, m, t, tau,
+                   total, seed, offset, target_base, draft_base, lps, js, vocab, HAS_T: tl.constexpr,
+                   HAS_DRAFT_PROBS: tl.constexpr, LOGPROBS: tl.constexpr, CHUNKS: tl.constexpr,
+                   CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE_GROUP: tl.constexpr):
+    """Race program c's chunks (RACE_GROUP of CHUNK entries from c RACE_GROUP CHUNK) of the race at row k of
+    request b: over max(p - q, 0) after a rejected draft x (k < n), over p on the bonus row (and, alone in the
+    request's last program, over p once more when the residual has no mass at all); (m, t, tau, total) the
+    row's statistics. Returns (writer: this program is the request's last and writes its outputs, the final
+    token there, lps with its logprob at k under LOGPROBS)."""
+    residual = k < n
+    purpose = tl.where(residual, PURPOSE_RESIDUAL, PURPOSE_BONUS)
+    row_ptr = logits_ptr + (target_base + k) * vocab
+    q_row_ptr = draft_probs_ptr + (draft_base + k) * vocab
+    lo = c.to(tl.int32) * (CHUNK * RACE_GROUP)  # int32, as the race's indices
+    best, index = split_race(row_ptr, q_row_ptr, x, residual, vocab, m, t, tau, total, seed, offset, k, purpose, lo,
+                             CHUNK * RACE_GROUP, HAS_T, HAS_DRAFT_PROBS, BLOCK)
+    races = (CHUNKS + RACE_GROUP - 1) // RACE_GROUP
+    writer = race_program_is_last(race_score_ptr, race_index_ptr, tickets_ptr, b, c, races, best, index)
+    final = tl.full([], 0, tl.int64)
+    if writer:
+        top, final = race_programs_winner(race_score_ptr, race_index_ptr, b, races, CHUNKS_P2)
+        if residual & (top <= 0):  # no residual mass: the race over p, every chunk here
+            _, fallback = split_race(row_ptr, q_row_ptr, x, residual & (top > 0), vocab, m, t, tau, total, seed,
+                                     offset, k, purpose, 0, CHUNKS * CHUNK, HAS_T, HAS_DRAFT_PROBS, BLOCK)
+            final = fallback.to(tl.int64)
+        if LOGPROBS:
+            lps = tl.where(js == k, row_logprob(row_ptr, final, m, t, tau, total), lps)
+    return writer, final, lps
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Chain verification in one launch (no filter tensors, no logprobs, no synthetic rates): chain_fused_kernel.
+# Every program first takes its place from a counter (atomic: the order in which programs start). The first
+# B x (K+1) x CHUNKS places are chunk programs: a chunk of a split row's partials (as chain_row_partials_kernel
+# computes them) and, on a sampled request's bonus row, in the same pass over the logits, the bonus race
+# over the chunk (chunk_partials_race); each then counts itself in its request's arrivals. The last B x RACES
+# places are request programs: each loads what its request's walk reads besides the partials (draft ids,
+# their logits and q(x), the acceptance uniforms), waits until every chunk program of the request has
+# arrived, walks the rows (every row's test at once: chain_walk_vector) and ends the request: where the walk
+# ends on the bonus row, with the chunks' race winners merged (program 0 writes the outputs); where it ends
+# at a rejection (or on a bonus row the fused race leaves undecided: a chunk with NaN or infinite logits, a
+# row without mass), with its chunks of that row's race (final_row_race, as chain_walk_race_kernel's). Every
+# request program computes the same walk from the same data. A request program only ever waits for chunk
+# programs, which took earlier places: all of them have started and none of them waits, so there is no
+# deadlock whatever the GPU runs at once (under the interpreter, which runs the programs one by one in
+# order, every chunk program has finished before the first request program starts).
+# ------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def bf16_pairs(row_ptr, lo, vocab, HALF: tl.constexpr):
+    """Entries lo .. lo + 2 HALF - 1 of a bfloat16 row (its start 4-byte aligned, vocab even) as 32-bit words: (x_even,
+    x_odd, i) float32 [HALF] with x_even[w] entry i[w] = lo + 2 w and x_odd[w] entry i[w] + 1 (past the row:
+    -inf). A bfloat16 is the top half of its float32: the conversion is a shift or a mask, one instruction an
+    entry (a bfloat16 load converts the odd entry in two)."""
+    w = lo // 2 + tl.arange(0, HALF)
+    words = tl.load(row_ptr.to(tl.pointer_type(tl.int32)) + w, mask=w < vocab // 2, other=-8323200)  # 2 x -inf
+    return (words << 16).to(tl.float32, bitcast=True), (words & -65536).to(tl.float32, bitcast=True), 2 * w
+
+
+@triton.jit
+def chunk_partials_raw(row_ptr, lo, vocab, inv_t, HAS_T: tl.constexpr, PAIRS: tl.constexpr, CHUNK: tl.constexpr,
+                       PART_BLOCK: tl.constexpr):
+    """chunk_partials without sanitizing the logits: (m, total, first argmax), equal to chunk_partials' where the
+    chunk's logits are finite or -inf with at least one finite (up to the sum's order under PAIRS); total is NaN
+    otherwise (a NaN logit, +inf, or no finite logit: x - m is NaN somewhere), and the caller then runs
+    chunk_partials. Per entry: the load's conversion, a max, a subtraction, a product, an ex2 and an add.
+    PAIRS: a bfloat16 row read as pairs (bf16_pairs)."""
+    exp2_scale = inv_t * LOG2E
+    m = tl.full([], float("-inf"), tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    best_index = tl.zeros([], tl.int32) + lo
+    for start in range(0, CHUNK, PART_BLOCK):
+        if PAIRS:
+            xe, xo, ie = bf16_pairs(row_ptr, lo + start, vocab, PART_BLOCK // 2)
+            tile_max = tl.max(tl.maximum(xe, xo), 0)
+        else:
+            idx = lo + start + tl.arange(0, PART_BLOCK)
+            x = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
+            tile_max = tl.max(x, 0)
+        if tile_max > m:
+            if HAS_T:
+                if PAIRS:
+                    best_index = tl.min(tl.where(xe == tile_max, ie, tl.where(xo == tile_max, ie + 1, 0x7FFFFFFF)), 0)
+                else:
+                    best_index = tl.min(tl.where(x == tile_max, idx, 0x7FFFFFFF), 0)
+            total = total * tl.exp((m - tile_max) * inv_t)
+            m = tile_max
+        if PAIRS:
+            total += tl.sum(tl.math.exp2((xe - m) * exp2_scale) + tl.math.exp2((xo - m) * exp2_scale), 0)
+        else:
+            total += tl.sum(tl.math.exp2((x - m) * exp2_scale), 0)
+    return m, total, best_index
+
+
+@triton.jit
+def chunk_partials_race(row_ptr, lo, vocab, inv_t, seed, offset, position, HAS_T: tl.constexpr, CHUNK: tl.constexpr,
+                        RACE_BLOCK: tl.constexpr):
+    """chunk_partials_raw and, in the same pass, the bonus race over the chunk: (m, total, first argmax, score,
+    index) with score the largest e / -log(u) over the chunk's entries, e = exp2((x - m) inv_t log2(e)) the
+    terms of the sum (relative to the chunk's final max m), u the bonus uniforms of the entries (purpose
+    PURPOSE_BONUS at `position`, philox_tile), index its first entry. That is split_race's race over p = e /
+    total, every score scaled by the same 1 / total: the same winner (floating-point near-ties aside, as
+    between backends). When a tile raises the running max, the best score so far is rescaled with the sum. An
+    entry is ruled out as the probability races rule theirs out (race_tile_update: e < C - A f against the
+    best so far, rejection.py race_cut with total 1; the fold then scores the same e): per entry the partials'
+    work, the random bits (a quarter Philox block), two instructions of the skip test and its share of the
+    tile's OR; a tile with an entry that may still win (the first always, then about one in t of the t-th)
+    scores the tile exactly. Meaningful only where total is not NaN (chunk_partials_raw)."""
+    exp2_scale = inv_t * LOG2E
+    m = tl.full([], float("-inf"), tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    best_index = tl.zeros([], tl.int32) + lo
+    best = tl.full([], -1.0, tl.float32)
+    race_index = tl.zeros([], tl.int32) + lo
+    for start in range(0, CHUNK, RACE_BLOCK):
+        idx = lo + start + tl.arange(0, RACE_BLOCK)
+        inside = idx < vocab
+        x = tl.load(row_ptr + idx, mask=inside, other=float("-inf")).to(tl.float32)
+        bits = philox_tile(seed, offset, position, PURPOSE_BONUS, lo + start, RACE_BLOCK)
+        tile_max = tl.max(x, 0)
+        if tile_max > m:
+            if HAS_T:
+                best_index = tl.min(tl.where(x == tile_max, idx, 0x7FFFFFFF), 0)
+            total = total * tl.exp((m - tile_max) * inv_t)
+            if best > 0:
+                best = best * tl.math.exp2((m - tile_max) * exp2_scale)
+            m = tile_max
+        e = tl.math.exp2((x - m) * exp2_scale)
+        total += tl.sum(e, 0)
+        best, race_index = race_tile_update(tl.where(inside, e, -1.0), bits, idx, best, race_index, True)
+    return m, total, best_index, best, race_index
+
+
+@triton.jit
+def bonus_chunks_winner(part_max_ptr, bonus_score_ptr, bonus_index_ptr, jb, b, exp2_scale, CHUNKS: tl.constexpr,
+                        CHUNKS_P2: tl.constexpr):
+    """(ok, winner) of the fused bonus race of request b (its bonus row jb): the chunks' best scores rescaled to
+    the row's max, the largest, its first index. Not ok where a chunk's race is undecided (NaN: its logits
+    were not clean) or no score is positive (a row without mass): the request programs then race the row."""
+    cs = tl.arange(0, CHUNKS_P2)
+    valid = cs < CHUNKS
+    ms = tl.load(part_max_ptr + jb * CHUNKS + cs, mask=valid, other=float("-inf"), volatile=True)
+    scores = tl.load(bonus_score_ptr + b * CHUNKS + cs, mask=valid, other=-1.0, volatile=True)
+    indices = tl.load(bonus_index_ptr + b * CHUNKS + cs, mask=valid, other=0, volatile=True)
+    m = tl.max(ms, 0)
+    scaled = tl.where(valid & (scores > 0), scores * tl.math.exp2((ms - m) * exp2_scale), -1.0)
+    top = tl.max(scaled, 0)
+    winner = tl.min(tl.where(valid & (scaled == top), indices, 0x7FFFFFFF), 0)
+    undecided = tl.max(tl.where(valid & (scores != scores), 1, 0), 0)
+    return (undecided == 0) & (top > 0) & (m > float("-inf")), winner.to(tl.int64)
+
+
+@triton.jit
+def chain_walk_vector(part_max_ptr, part_arg_ptr, part_sum_ptr, b, n, t, ks, x, x_logit, q_x, u, max_draft,
+                      vocab, HAS_BONUS: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """chain_walk_race_kernel's walk of request b (no filters, no rates) with every row's test at once (lanes
+    ks = 0 .. BLOCK_K - 1: row k's statistics as combined_row's, its draft x, logit x_logit, q(x) (1 one-hot),
+    acceptance uniform u), then the first row whose test fails: (k, final, race, x, m, total) with k the
+    accepted drafts, final the token there (a greedy row's argmax, a sampled row's rejected draft), race 1
+    where a sampled request's race at row k decides it (a rejection, or the bonus row), x row k's draft (-1 on
+    the bonus row), (m, total) row k's statistics. Under HAS_BONUS the walk stops after n accepted drafts (k =
+    n, race 0: the bonus id follows)."""
+    rows = b * (max_draft + 1) + tl.minimum(ks, n)
+    cs = tl.arange(0, CHUNKS_P2)
+    at = rows[:, None] * CHUNKS + cs[None, :]
+    valid_c = (cs < CHUNKS)[None, :] & (ks >= 0)[:, None]
+    ms = tl.load(part_max_ptr + at, mask=valid_c, other=float("-inf"), volatile=True)
+    args = tl.load(part_arg_ptr + at, mask=valid_c, other=0, volatile=True)
+    sums = tl.load(part_sum_ptr + at, mask=valid_c, other=0.0, volatile=True)
+    m = tl.max(ms, 1)
+    finite = ms > float("-inf")
+    argmax = tl.min(tl.where(finite & (ms == m[:, None]), args, 0x7FFFFFFFFFFFFFFF), 1)
+    argmax = tl.where(m > float("-inf"), argmax, 0)
+    t1 = tl.where(t > 0, t, 1.0)
+    total = tl.sum(tl.where(finite, tl.exp(scaled(ms, m[:, None], t1)) * sums, 0.0), 1)
+    is_draft = ks < n
+    in_vocab = (x >= 0) & (x < vocab)
+    sampled = is_draft & in_vocab & (u * q_x < entry_prob(x_logit, m, t1, 0, total))
+    accept = tl.where(t > 0, sampled, is_draft & (x == argmax))
+    if HAS_BONUS:
+        valid = ks < n
+    else:
+        valid = ks <= n
+    stop = valid & (accept == 0)
+    k = tl.min(tl.where(stop, ks, 0x7FFFFFFF), 0)
+    found = k != 0x7FFFFFFF
+    k = tl.where(found, k, n)
+    at_k = ks == k
+    final = tl.sum(tl.where(at_k, tl.where(t > 0, x, argmax), 0), 0)
+    race = tl.where(found & (t > 0), 1, 0)
+    return (k, final, race, tl.sum(tl.where(at_k & is_draft, x, 0), 0) - tl.where(k < n, 0, 1),
+            tl.sum(tl.where(at_k, m, 0.0), 0), tl.sum(tl.where(at_k, total, 0.0), 0))
+
+
+@triton.jit(do_not_specialize=["num_draft_rows", "batch"])
+def chain_fused_kernel(
+    logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr, temperature_ptr,
+    part_max_ptr, part_arg_ptr, part_sum_ptr,  # float32 / int64 / float32 workspaces [B x (K+1), CHUNKS]
+    bonus_score_ptr,     # float32 workspace [B, CHUNKS]: the bonus row's chunks' race winners (fused race)
+    bonus_index_ptr,     # int32 workspace [B, CHUNKS]
+    race_score_ptr,      # float32 workspace [B, RACES]: the request programs' race winners
+    race_index_ptr,      # int64 workspace [B, RACES]
+    counters_ptr,        # int32 [1 + 2 B], zero before the launch: places, arrivals, race tickets
+    token_ids_ptr, num_accepted_ptr, bonus_ptr,
+    vocab: tl.constexpr, max_draft, num_draft_rows, bonus_rows, batch,
+    PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr,
+    CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, PART_BLOCK: tl.constexpr,
+    RACE_BLOCK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, RACE_GROUP: tl.constexpr,
+    PAIRS: tl.constexpr = False,
+):
+    """Chain verification of B requests in one launch (see the section's comment): grid B x (K+1) x CHUNKS +
+    B x RACES programs, RACES = ceil(CHUNKS / RACE_GROUP). Outputs as chain_walk_race_kernel's. PAIRS: bfloat16
+    logits read as 32-bit pairs (bf16_pairs: vocab even, rows 4-byte aligned)."""
+    place = tl.atomic_add(counters_ptr, 1, sem="relaxed")
+    chunk_programs = batch * (max_draft + 1) * CHUNKS
+    if place < chunk_programs:
+        fused_chunk_program(logits_ptr, lengths_ptr, seeds_ptr, offsets_ptr, temperature_ptr, part_max_ptr,
+                            part_arg_ptr, part_sum_ptr, bonus_score_ptr, bonus_index_ptr, counters_ptr, place, vocab,
+                            max_draft, num_draft_rows, bonus_rows, PACKED, HAS_T, HAS_BONUS, CHUNKS, CHUNK,
+                            PART_BLOCK, RACE_BLOCK, PAIRS)
+    else:
+        fused_request_program(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr,
+                              temperature_ptr, part_max_ptr, part_arg_ptr, part_sum_ptr, bonus_score_ptr,
+                              bonus_index_ptr, race_score_ptr, race_index_ptr, counters_ptr, token_ids_ptr,
+                              num_accepted_ptr, bonus_ptr, place - chunk_programs, vocab, max_draft, num_draft_rows,
+                              bonus_rows, batch, PACKED, HAS_DRAFT_PROBS, HAS_T, HAS_BONUS, CHUNKS, CHUNKS_P2, CHUNK,
+                              BLOCK, BLOCK_K, RACE_GROUP)
+
+
+@triton.jit
+def request_temperature(temperature_ptr, b, HAS_T: tl.constexpr):
+    """Request b's temperature as the walk takes it: 0 (greedy) unless positive, at most the largest float."""
+    t = tl.full([], 1.0, tl.float32)
+    if HAS_T:
+        t = tl.load(temperature_ptr + b)
+    return tl.where(t > 0, tl.minimum(t, F32_MAX), 0.0)
+
+
+@triton.jit
+def fused_chunk_program(logits_ptr, lengths_ptr, seeds_ptr, offsets_ptr, temperature_ptr, part_max_ptr, part_arg_ptr,
+                        part_sum_ptr, bonus_score_ptr, bonus_index_ptr, counters_ptr, place, vocab, max_draft,
+                        num_draft_rows, bonus_rows, PACKED: tl.constexpr, HAS_T: tl.constexpr,
+                        HAS_BONUS: tl.constexpr, CHUNKS: tl.constexpr, CHUNK: tl.constexpr, PART_BLOCK: tl.constexpr,
+                        RACE_BLOCK: tl.constexpr, PAIRS: tl.constexpr):
+    """Chunk program `place` of chain_fused_kernel: row j = place // CHUNKS (request b, row k), chunk place %
+    CHUNKS. A row the walk can never enter is not read; its programs only arrive."""
+    j = (place // CHUNKS).to(tl.int64)
+    c = place % CHUNKS
+    b = j // (max_draft + 1)
+    k = j % (max_draft + 1)
+    n, target_base, _ = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
+    if HAS_BONUS:
+        used = k < n
+    else:
+        used = k <= n
+    if used:
+        t = request_temperature(temperature_ptr, b, HAS_T)
+        inv_t = tl.where(t > 0, tl.math.div_rn(1.0, tl.where(t > 0, t, 1.0)), 1.0)
+        row_ptr = logits_ptr + (target_base + k) * vocab
+        lo = c * CHUNK
+        score = tl.full([], 0.0, tl.float32)
+        index = tl.zeros([], tl.int32)
+        racing = (k == n) & (t > 0)  # a sampled request's bonus row (with HAS_BONUS never entered: not used)
+        if racing:
+            m, total, best_index, score, index = chunk_partials_race(
+                row_ptr, lo, vocab, inv_t, tl.load(seeds_ptr + b), tl.load(offsets_ptr + b), n, HAS_T, CHUNK,
+                RACE_BLOCK)
+        else:
+            m, total, best_index = chunk_partials_raw(row_ptr, lo, vocab, inv_t, HAS_T, PAIRS, CHUNK, PART_BLOCK)
+        if total != total:  # a NaN or +inf logit, or none finite: the sanitized pass, the race undecided
+            m, total, best_index = chunk_partials(row_ptr, lo, vocab, inv_t, HAS_T, CHUNK, PART_BLOCK)
+            score = tl.full([], float("nan"), tl.float32)
+        at = j * CHUNKS + c
+        tl.store(part_max_ptr + at, m)
+        tl.store(part_arg_ptr + at, best_index.to(tl.int64))
+        tl.store(part_sum_ptr + at, total)
+        if racing:
+            tl.store(bonus_score_ptr + b * CHUNKS + c, score)
+            tl.store(bonus_index_ptr + b * CHUNKS + c, index)
+    tl.debug_barrier()  # every thread's stores before the arrival
+    tl.atomic_add(counters_ptr + 1 + b, 1, sem="release")
+
+
+@triton.jit
+def fused_request_program(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr,
+                          temperature_ptr, part_max_ptr, part_arg_ptr, part_sum_ptr, bonus_score_ptr, bonus_index_ptr,
+                          race_score_ptr, race_index_ptr, counters_ptr, token_ids_ptr, num_accepted_ptr, bonus_ptr, r,
+                          vocab, max_draft, num_draft_rows, bonus_rows, batch, PACKED: tl.constexpr,
+                          HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr,
+                          CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                          BLOCK_K: tl.constexpr, RACE_GROUP: tl.constexpr):
+    """Request program r of chain_fused_kernel: program c = r % RACES of request b = r // RACES."""
+    races = (CHUNKS + RACE_GROUP - 1) // RACE_GROUP
+    b = (r // races).to(tl.int64)
+    c = (r % races).to(tl.int64)
+    n, target_base, draft_base = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
+    t = request_temperature(temperature_ptr, b, HAS_T)
+    seed = tl.load(seeds_ptr + b)
+    offset = tl.load(offsets_ptr + b)
+    # what the walk reads besides the partials, loaded while the chunk programs finish
+    ks = tl.arange(0, BLOCK_K).to(tl.int64)
+    is_draft = ks < n
+    x = tl.load(draft_ids_ptr + draft_base + ks, mask=is_draft, other=-1)
+    in_vocab = (x >= 0) & (x < vocab)
+    row_ptrs = logits_ptr + (target_base + tl.minimum(ks, n)) * vocab
+    x_logit = logit_value(tl.load(row_ptrs + x, mask=is_draft & in_vocab, other=float("-inf")).to(tl.float32))
+    if HAS_DRAFT_PROBS:
+        q_x = tl.load(draft_probs_ptr + (draft_base + ks) * vocab + x, mask=is_draft & in_vocab, other=0.0)
+        q_x = q_x.to(tl.float32)
+        q_x = tl.where(q_x > 0, q_x, 0.0)
+    else:
+        q_x = tl.full([BLOCK_K], 1.0, tl.float32)
+    u = bits_to_uniform(philox_bits(seed, offset, ks, PURPOSE_ACCEPT, tl.zeros([BLOCK_K], tl.int64)))
+    arrived = tl.atomic_add(counters_ptr + 1 + b, 0, sem="acquire")
+    while arrived < (max_draft + 1) * CHUNKS:  # the request's chunk programs all started before this one
+        arrived = tl.atomic_add(counters_ptr + 1 + b, 0, sem="acquire")
+    k, final, race, x_k, m, total = chain_walk_vector(part_max_ptr, part_arg_ptr, part_sum_ptr, b, n, t, ks, x,
+                                                      x_logit, q_x, u, max_draft, vocab, HAS_BONUS, CHUNKS, CHUNKS_P2)
+    if (race != 0) & (k == n):
+        t1 = tl.where(t > 0, t, 1.0)
+        ok, winner = bonus_chunks_winner(part_max_ptr, bonus_score_ptr, bonus_index_ptr, b * (max_draft + 1) + n, b,
+                                         tl.math.div_rn(1.0, t1) * LOG2E, CHUNKS, CHUNKS_P2)
+        if ok:
+            final = winner
+            race = 0
+    writer = c == 0
+    if race != 0:
+        writer, final, _ = final_row_race(
+            logits_ptr, draft_probs_ptr, race_score_ptr, race_index_ptr, counters_ptr + 1 + batch, b, c, k, n, x_k, m,
+            t, tl.zeros([], tl.int64), total, seed, offset, target_base, draft_base, ks.to(tl.float32), ks, vocab,
+            HAS_T, HAS_DRAFT_PROBS, False, CHUNKS, CHUNKS_P2, CHUNK, BLOCK, RACE_GROUP)
+    if writer:
+        write_chain_outputs(token_ids_ptr, num_accepted_ptr, token_ids_ptr, bonus_ptr, draft_ids_ptr, b, n, k, final,
+                            ks, ks, draft_base, max_draft, vocab, False, HAS_BONUS)
