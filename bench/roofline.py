@@ -133,6 +133,8 @@ class Case:
                                  # best (cuda::warp_raise_bar); 0: each thread skips against its own best only
     skip_group: int = 1          # CUDA races: entries behind one skip test and branch (race_group_may_update:
                                  # 4); the group's exact path runs when any of them may win on any lane
+    tail_trips: int = 0          # dependent round trips after the kernel's last streamed bytes (a last program's
+                                 # work on what the others wrote: tickets, their partials): LATENCY_S each
 
 
 def _rows(n, elem=4):
@@ -483,8 +485,8 @@ def logits_cases():
     the entries above the last dropped winner and the exp-sum above the new one (logits_split.h
     top_p_verdict_above), BONUS_ROUNDS on average; it runs no radix pass. A draft rejected, or accepted only after
     its select, adds one exp-sum, 2 radix passes over the share (the select over the bf16 logits' 16-bit keys) and
-    the kept mass: not in this scenario. Triton with top-p: the split kernels with the radix passes between them
-    (_logits_triton_filtered_case)."""
+    the kept mass: not in this scenario. Triton without filters: one launch (_logits_triton_fused_case); with
+    top-p: the split kernels with the radix passes between them (_logits_triton_filtered_case)."""
     cases = []
     batch, rows = 64, K + 1
     row_bytes = V * 2
@@ -507,7 +509,7 @@ def logits_cases():
                 else:
                     phases = [("max", rows, 1), ("max", rows, 1, "smem"), ("expsum", rows, 1, "smem"),
                               ("race", 1, 1, "smem")]
-            else:  # (the split kernels' own cases below replace these phases)
+            else:  # (the Triton cases below replace these phases)
                 phases = [("expsum", rows, 1), ("race", 1, 1)]
             passes = sum(p[1] for p in phases)
             hbm_passes = sum(p[1] for p in phases if p[3:] != ("smem",))  # passes that read a row from HBM
@@ -532,7 +534,7 @@ def logits_cases():
                                   loop_pick=_logits_unit_temperature_loop, dynamic_smem=share, bar_share=4,
                                   **common))
             elif not top_p:
-                cases.append(_logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common))
+                cases.append(_logits_triton_fused_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common))
             else:
                 cases.append(_logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common))
     return cases
@@ -549,39 +551,56 @@ def _race_group(batch, chunks):
     return chain_race_group(batch, chunks, SMS)
 
 
-def _logits_triton_split_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
-    """Triton chain verification without filters (specdec_ops/logits.py _launch_chain): two kernels.
-    chain_row_partials_kernel, grid (B x (K+1), chunks of SPLIT_CHUNK): each row read once, per tile of
-    SPLIT_PART_BLOCK entries a max and an exp-sum against the running max, 20 B of partials written per chunk;
-    then chain_walk_race_kernel, grid (B, races): the partials read back by every program of the request
-    (the walk over K+1 rows), the bonus row's race over RACE_GROUP chunks per program (_race_group: 2 here, 8
-    programs per request), 24 B of winners per program plus the ticket. The race kernel's row is counted
-    from HBM again (it may sit in L2 after the first kernel: not modelled)."""
+def _fused_chunk_loop(text):
+    """chain_fused_kernel's loops at the scenario (clean logits): the unsanitized passes (chunk_partials_raw, and
+    chunk_partials_race on the bonus row), not chunk_partials (its NaN selects and +inf clamp: a chunk with such
+    logits only) nor the race programs' split_race (its skip test's ex2 of x a + b: no running max)."""
+    return "3.40282346638528859812e+38" not in text and "FMNMX" in text
+
+
+_FUSED_MAXNREG = 104  # specdec_ops/logits.py _FUSED_MAXNREG
+
+
+def _logits_triton_fused_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
+    """Triton chain verification without filters, logprobs or rates (specdec_ops/logits.py _launch_fused_chain): one
+    launch of chain_fused_kernel, grid B x (K+1) x chunks chunk programs, then B x races request programs.
+    Each chunk program reads its chunk of a row once (SPLIT_CHUNK entries): a draft row's as bf16 pairs in
+    tiles of SPLIT_PART_BLOCK (chunk_partials_raw: max, exp-sum), the bonus row's in tiles of SPLIT_BLOCK with
+    the bonus race over the same entries (chunk_partials_race: Philox, the skip test, the exact scores of a
+    tile with an entry that may still win, H(trips)/trips of them against the chunk's running best), 16 B of
+    partials written per chunk (8 B more on the bonus row), then its arrival (an atomic). Phases: the exp-sum
+    loop over the K draft rows' share of the chunk programs, the race loop over the bonus row's; the issue
+    time counts the chunk programs (the request programs' work is the tail). Each request program reads the
+    request's draft ids, draft logits (and q(x)) before it waits, then the partials of K+1 rows x chunks (16 B)
+    and the bonus race's winners (8 B a chunk) and, program 0 of the request, writes the outputs. Tail after
+    the last chunk's bytes: 3 round trips (the last arrival seen by the polling request program, the partials
+    read back, the walk's arithmetic and the outputs: a few hundred instructions of one program, counted as a
+    round trip). Counters: 4 B a program for its place plus the arrivals and the polls; one memset before the
+    launch (torch.zeros of 1 + 2B int32) not counted. Not modelled: a bonus-row program runs about 5x the
+    instructions of a draft-row one, so the last requests' bonus programs can outlast the others (no
+    ordering of the places against it)."""
     chunks = -(-V // SPLIT_CHUNK)
     group = _race_group(batch, chunks)
     races = -(-chunks // group)
-    partials = batch * rows * chunks * 20
-    types = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", temperature_ptr="*fp32", part_max_ptr="*fp32",
-                 part_arg_ptr="*i64", part_sum_ptr="*fp32", tau_ptr="*i64", part_kept_ptr="*fp32",
-                 race_score_ptr="*fp32", race_index_ptr="*i64",
-                 tickets_ptr="*i32", token_ids_ptr="*i64", num_accepted_ptr="*i32", logprobs_ptr="*fp32",
-                 bonus_ptr="*i64", rates_ptr="*fp32")
-    const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, LOGPROBS=False, HAS_BONUS=False, TREE=False,
-                 HAS_RATES=False, HAS_FILTERS=False, EARLY=False, CHUNKS=chunks, CHUNKS_P2=1 << (chunks - 1).bit_length(),
-                 CHUNK=SPLIT_CHUNK, BLOCK_K=8, vocab=V, BLOCK=SPLIT_BLOCK, PART_BLOCK=SPLIT_PART_BLOCK,
-                 RACE_GROUP=group, EARLY_BONUS=False)
-    race = Case(name=f"logits_triton_{tag}_race", backend="triton", shape=shape, loop="race", streams=1,
-                elem_bytes=2, bytes_moved=batch * row_bytes + batch * (chunks * rows * 20 + races * 24) + scalars,
-                min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch, passes=1,
-                source="triton_kernels.logits:chain_walk_race_kernel",
-                triton=dict(types=types, constexprs=const, num_warps=4),
-                grid=lambda res: (batch * races, races))
+    programs = batch * rows * chunks
+    partials = programs * 16 + batch * chunks * 8
+    walk = batch * races * (rows * chunks * 16 + chunks * 8 + (K + 1) * 8 * 2) + scalars
+    counters = (programs + batch * races) * 4 * 2
+    types = dict(logits_ptr="*bf16", draft_probs_ptr="*bf16", draft_ids_ptr="*i64", lengths_ptr="*i64",
+                 seeds_ptr="*i64", offsets_ptr="*i64", temperature_ptr="*fp32", part_max_ptr="*fp32",
+                 part_arg_ptr="*i64", part_sum_ptr="*fp32", bonus_score_ptr="*fp32", bonus_index_ptr="*i32",
+                 race_score_ptr="*fp32", race_index_ptr="*i64", counters_ptr="*i32", token_ids_ptr="*i64",
+                 num_accepted_ptr="*i32", bonus_ptr="*i64")
+    const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, HAS_BONUS=False, CHUNKS=chunks,
+                 CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=SPLIT_CHUNK, PART_BLOCK=SPLIT_PART_BLOCK,
+                 RACE_BLOCK=SPLIT_BLOCK, BLOCK=SPLIT_BLOCK, BLOCK_K=8, vocab=V, RACE_GROUP=group, PAIRS=True)
     return Case(name=f"logits_triton_{tag}", backend="triton", shape=shape, loop="expsum", streams=1,
-                elem_bytes=2, bytes_moved=batch * rows * row_bytes + partials,
+                elem_bytes=2, bytes_moved=batch * rows * row_bytes + partials + walk + counters,
                 min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch * rows, passes=1,
-                phases=[("expsum", 1, 1)], source="triton_kernels.logits:chain_row_partials_kernel",
-                triton=dict(types=types, constexprs=const, num_warps=4),
-                grid=lambda res: (batch * rows * chunks, chunks), measure=common["measure"], then=race)
+                phases=[("expsum", K / rows, 1), ("race", 1 / rows, 1)], loop_pick=_fused_chunk_loop,
+                source="triton_kernels.logits:chain_fused_kernel",
+                triton=dict(types=types, constexprs=const, num_warps=4, maxnreg=_FUSED_MAXNREG),
+                grid=lambda res: (programs, chunks), tail_trips=3, measure=common["measure"])
 
 
 SPLIT_RADIX_BLOCK = 512  # specdec_ops/logits.py _radix_block (compiled)
@@ -590,7 +609,7 @@ RADIX_SPLIT = 4  # specdec_ops/logits.py RADIX_SPLIT: programs per chunk of a ra
 
 def _logits_triton_filtered_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
     """Triton chain verification with top-p (specdec_ops/logits.py _launch_chain, _launch_filters): the split
-    pair of _logits_triton_split_case with the thresholds between them. chain_row_partials_kernel; then 4
+    pair (chain_row_partials_kernel, chain_walk_race_kernel) with the thresholds between them. chain_row_partials_kernel; then 4
     launches of chain_radix_pass_kernel (bf16 logits: 16-bit radix keys, 4 bits a pass; grid B x (K+1) x
     chunks), whose first launch takes the draft rows by top-p's early acceptance (chain_row_accepts_early: their
     programs exit; the scenario's drafts hold nearly all the mass; RADIX_SPLIT programs a chunk), each reading
@@ -1103,7 +1122,7 @@ def predict(case, res):
             row.update(phases=phase_rows)
     else:
         row.update(loop_instructions=None, loop_cold=None, loads_per_trip_bytes=None, instr_per_elem=None, trips=None)
-    predicted = case.launches * LAUNCH_S + max(t_mem, t_issue, t_lat)
+    predicted = case.launches * LAUNCH_S + max(t_mem, t_issue, t_lat) + case.tail_trips * LATENCY_S
     bound = max((t_mem, "memory"), (t_issue, "issue"), (t_lat, "latency"))[1]
     row.update(t_mem_us=t_mem * 1e6, t_issue_us=t_issue * 1e6, t_lat_us=t_lat * 1e6, predicted_us=predicted * 1e6,
                bound=bound, pct_peak=100 * case.min_bytes / BANDWIDTH / predicted)

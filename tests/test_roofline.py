@@ -176,10 +176,14 @@ def test_logits_cases_count_every_pass_over_the_rows():
     # (the max pass copies each block's share into shared memory: max read-back, kept mass, race there)
     assert hbm(cases["logits_cuda_onehot"]) == rows
     assert [p[0] for p in cases["logits_cuda_onehot"].phases if p[3:] == ("smem",)] == ["max", "expsum", "race"]
-    # Triton: one fused pass per row in a first kernel, the race in a second one
-    split = cases["logits_triton_draft"]
-    assert split.passes == 1 and split.items == 64 * rows and split.then is not None and split.then.passes == 1
-    assert split.then.bytes_moved >= 64 * row
+    # Triton: one launch, every row read once (the draft rows' exp-sum, the bonus row's with its race in the
+    # same pass), the walk's round trips after the last chunk as its tail
+    fused = cases["logits_triton_draft"]
+    assert fused.source.endswith(":chain_fused_kernel") and fused.then is None and fused.launches == 1
+    assert fused.passes == 1 and fused.items == 64 * rows and fused.tail_trips == 3
+    assert [(p[0], p[1]) for p in fused.phases] == [("expsum", pytest.approx(roofline.K / rows)),
+                                                    ("race", pytest.approx(1 / rows))]
+    assert 64 * rows * row <= fused.bytes_moved < 1.02 * 64 * rows * row
     # top-p: CUDA's draft rows accepted early (max, max read-back, the exp-sum over every entry), the bonus row's
     # early token (its exp-sum over every entry, then BONUS_ROUNDS rounds of a race and the exp-sum above the
     # winner), no radix pass, each row once from HBM; Triton the split kernels with 4 radix launches (bf16: 16-bit
@@ -228,9 +232,12 @@ def test_roofline_rows_for_the_logits_kernels():
     rows = {k: v for k, v in committed_rows("logits_").items() if "onehot" in k}
     assert set(rows) == {"logits_cuda_onehot", "logits_cuda_onehot_topp", "logits_triton_onehot",
                          "logits_triton_onehot_topp"}
-    split = rows.pop("logits_triton_onehot")  # two kernels: the fused max + exp-sum, then the race
-    assert [p["loop"] for p in split["phases"]] == ["expsum"] and split["then"]["loop_instructions"] > 0
-    assert split["predicted_us"] > split["then"]["predicted_us"] > 0 and 0 < split["pct_peak"] <= 100
+    fused = rows.pop("logits_triton_onehot")  # one launch: the draft rows' exp-sum, the bonus row's with its race
+    assert [p["loop"] for p in fused["phases"]] == ["expsum", "race"] and "then" not in fused
+    assert all(p["instructions"] > 0 and p["trips"] > 0 for p in fused["phases"])
+    assert fused["phases"][1]["instructions"] > 2 * fused["phases"][0]["instructions"] / 4  # Philox on the race
+    assert fused["spills"] == 0 and fused["bytes_vs_min"] == pytest.approx(1.0, abs=0.02) and 0 < fused["pct_peak"] <= 100
+    assert fused["predicted_us"] >= (roofline.LAUNCH_S + 3 * roofline.LATENCY_S) * 1e6 + fused["t_mem_us"]  # the tail
     # with top-p six kernels: the partials, the early bonus token's race and verdict, the radix passes (4
     # launches), the kept mass, the race
     filtered = rows.pop("logits_triton_onehot_topp")
