@@ -847,7 +847,10 @@ _FUSED_MAXNREG = 104
 def _launch_fused_chain(target, ids, lengths, q, has_q, temperature, seeds, offsets, batch, max_draft, packed,
                         bonus_rows, bonus, has_bonus, block, chunk, chunks, group, token_ids, num_accepted):
     """chain_fused_kernel: the whole chain verification in one launch (rows without filters, no logprobs, no
-    synthetic rates). Grid: B x (K+1) x chunks chunk programs, then B x races race programs."""
+    synthetic rates). Grid: B x (K+1) x chunks chunk programs, then B x races request programs; bfloat16 rows
+    are read as 32-bit pairs where the vocabulary is even and the logits 4-byte aligned (PAIRS). Workspaces:
+    the chunks' partials and bonus-race winners, the request programs' race winners, and one zeroed int32
+    counter tensor (the places, each request's arrivals, each request's race tickets)."""
     from .triton_kernels.logits import chain_fused_kernel
 
     rows = batch * (max_draft + 1)
@@ -862,8 +865,7 @@ def _launch_fused_chain(target, ids, lengths, q, has_q, temperature, seeds, offs
         new((batch, races), dtype=torch.int64), counters, token_ids, num_accepted, bonus,
         target.shape[-1], max_draft, ids.numel(), int(bonus_rows), batch,
         PACKED=packed, HAS_DRAFT_PROBS=has_q, HAS_T=temperature is not None, HAS_BONUS=has_bonus, CHUNKS=chunks,
-        CHUNKS_P2=next_pow2(chunks), CHUNK=chunk, PART_BLOCK=_partials_block(chunk), RACE_BLOCK=block,
-        BLOCK=block,
+        CHUNKS_P2=next_pow2(chunks), CHUNK=chunk, PART_BLOCK=_partials_block(chunk), RACE_BLOCK=block, BLOCK=block,
         BLOCK_K=next_pow2(max_draft + 1), RACE_GROUP=group,
         PAIRS=target.dtype == torch.bfloat16 and target.shape[-1] % 2 == 0 and target.data_ptr() % 4 == 0,
         num_warps=4, maxnreg=_FUSED_MAXNREG)
