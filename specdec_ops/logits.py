@@ -838,6 +838,25 @@ def chain_race_group(batch: int, chunks: int, sms: int) -> int:
     return 2 if chunks >= 2 and batch * chunks > _RACE_PROGRAMS_PER_SM * sms else 1
 
 
+# chain_fused_kernel's chunks: SPLIT_CHUNK doubled up to FUSED_CHUNK_MAX while every request's bonus row still
+# splits into programs enough for FUSED_BONUS_PROGRAMS over the batch (two per SM of the largest GPUs).
+FUSED_CHUNK_MAX = 32768
+FUSED_BONUS_PROGRAMS = 256
+
+
+def fused_chunk(batch: int, vocab: int) -> int | None:
+    """Entries per chunk program of chain_fused_kernel for `batch` requests of `vocab` entries a row (None:
+    _split_sizes' default). A bonus race restarts in every chunk, and the first tiles of a race take the exact
+    path (about H(t) / t of t tiles do), so longer chunks cut the bonus row's work; while at least
+    FUSED_BONUS_PROGRAMS programs share the bonus rows (they start first: fused_chunk_program) the GPU stays
+    evenly busy. From the shapes alone, not the GPU's size, so the sums round the same on every device."""
+    chunk = SPLIT_CHUNK
+    while (chunk < FUSED_CHUNK_MAX and 2 * chunk < vocab
+           and batch * -(-vocab // (2 * chunk)) >= FUSED_BONUS_PROGRAMS):
+        chunk *= 2
+    return chunk if chunk > SPLIT_CHUNK else None
+
+
 # chain_fused_kernel's register cap (ptxas .maxnreg): without it the ptxas of Triton 3.6 keeps the kernel at 96
 # registers and spills 8 bytes (the draft-probs race's division slow path); with it every Triton from 3.6 compiles
 # it within 96, no spills (tests/aot_logits_kernel.py).
@@ -868,6 +887,7 @@ def _launch_fused_chain(target, ids, lengths, q, has_q, temperature, seeds, offs
         CHUNKS_P2=next_pow2(chunks), CHUNK=chunk, PART_BLOCK=_partials_block(chunk), RACE_BLOCK=block, BLOCK=block,
         BLOCK_K=next_pow2(max_draft + 1), RACE_GROUP=group,
         PAIRS=target.dtype == torch.bfloat16 and target.shape[-1] % 2 == 0 and target.data_ptr() % 4 == 0,
+        QUADS=target.dtype == torch.bfloat16 and target.shape[-1] % 4 == 0 and target.data_ptr() % 8 == 0,
         num_warps=4, maxnreg=_FUSED_MAXNREG)
 
 
@@ -896,10 +916,12 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     # top-p's early acceptance: not with logprobs (they need every row's kept mass) nor synthetic rates
     early = None if return_logprobs or rates is not None else dict(
         draft_probs=q, draft_ids=ids, seeds=seeds, offsets=offsets, has_draft_probs=draft_probs is not None)
-    block, radix_block, chunk, chunks = _split_sizes(vocab, chunk, block, radix_block)
+    fuse = fused and not return_logprobs and rates is None and all(p is None for p in params[1:])
+    block, radix_block, chunk, chunks = _split_sizes(vocab, chunk or (fused_chunk(batch, vocab) if fuse else None),
+                                                     block, radix_block)
     group = race_group or (chain_race_group(batch, chunks, num_sms(target.device)) if target.device.type == "cuda"
                            else 1)
-    if fused and not return_logprobs and rates is None and all(p is None for p in params[1:]):
+    if fuse:
         _launch_fused_chain(target, ids, lengths, q, draft_probs is not None, params[0], seeds, offsets, batch,
                             max_draft, packed, bonus_rows, bonus, bonus_token_ids is not None, block, chunk, chunks,
                             group, token_ids, num_accepted)

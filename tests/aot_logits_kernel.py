@@ -85,16 +85,22 @@ for logits, passes in (("*bf16", 4), ("*fp32", 8)):
                                                                  EARLY_BONUS=early),
                              num_warps=4), f"chain_kept_mass_kernel {logits} EARLY={early}")
 # chain verification in one launch (no filters, logprobs or rates), as launched (4 warps), no spills: bf16
-# pairs, float32 logits; with and without temperatures, draft probs, packed rows, external bonus ids
+# pairs (with the bonus race over quads, or entry by entry), float32 logits; with and without temperatures,
+# draft probs, packed rows, external bonus ids; chunks of 8192 and 32768 (fused_chunk at B = 64)
 fused = dict(split, bonus_score_ptr="*fp32", bonus_index_ptr="*i32", counters_ptr="*i32", batch="i32")
-for logits, pairs, has_t, has_q, packed, has_bonus in (("*bf16", True, False, False, False, False),
-                                                       ("*bf16", True, True, True, False, False),
-                                                       ("*bf16", True, True, False, True, True),
-                                                       ("*fp32", False, True, True, False, False),
-                                                       ("*fp16", False, False, False, True, False)):
+for logits, pairs, quads, has_t, has_q, packed, has_bonus, chunk in (
+        ("*bf16", True, True, False, False, False, False, 32768),
+        ("*bf16", True, True, True, True, False, False, 32768),
+        ("*bf16", True, False, False, True, False, False, 8192),
+        ("*bf16", True, True, True, False, True, True, 8192),
+        ("*fp32", False, False, True, True, False, False, 8192),
+        ("*fp16", False, False, False, False, True, False, 32768)):
+    chunks = -(-128256 // chunk)
     check(compile_kernel(chain_fused_kernel, dict(fused, logits_ptr=logits, draft_probs_ptr=logits),
-                         dict(PACKED=packed, HAS_DRAFT_PROBS=has_q, HAS_T=has_t, HAS_BONUS=has_bonus, CHUNKS=16,
-                              CHUNKS_P2=16, CHUNK=8192, PART_BLOCK=4096, RACE_BLOCK=1024, BLOCK=1024, BLOCK_K=8,
-                              RACE_GROUP=2, PAIRS=pairs, vocab=128256), num_warps=4, maxnreg=104),
-          f"chain_fused_kernel {logits} HAS_T={has_t} HAS_DRAFT_PROBS={has_q} PACKED={packed} HAS_BONUS={has_bonus}")
+                         dict(PACKED=packed, HAS_DRAFT_PROBS=has_q, HAS_T=has_t, HAS_BONUS=has_bonus, CHUNKS=chunks,
+                              CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=chunk, PART_BLOCK=4096,
+                              RACE_BLOCK=1024, BLOCK=1024, BLOCK_K=8, RACE_GROUP=2 if chunks > 4 else 1, PAIRS=pairs,
+                              QUADS=quads, vocab=128256), num_warps=4, maxnreg=104),
+          f"chain_fused_kernel {logits} QUADS={quads} HAS_T={has_t} HAS_DRAFT_PROBS={has_q} PACKED={packed} "
+          f"HAS_BONUS={has_bonus} CHUNK={chunk}")
 print("compiled")

@@ -1641,15 +1641,17 @@ def _fused_call(logits, drafts, num, q, temperature, seeds, offsets, fused=True,
 
 
 @pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
-@pytest.mark.parametrize("dtype,vocab", [(torch.bfloat16, 204), (torch.bfloat16, 203), (torch.float16, 204),
-                                         (torch.float32, 203)], ids=["bf16-pairs", "bf16-odd", "fp16", "fp32"])
+@pytest.mark.parametrize("dtype,vocab", [(torch.bfloat16, 204), (torch.bfloat16, 202), (torch.bfloat16, 203),
+                                         (torch.float16, 204), (torch.float32, 203)],
+                         ids=["bf16-quads", "bf16-pairs", "bf16-odd", "fp16", "fp32"])
 def test_triton_fused_chain_equals_the_split_pair_and_the_cpu_op(dtype, vocab):
     """chain_fused_kernel (one launch: the chunks' partials with the bonus race in the same pass, then the
     request programs' walk and, after a rejection, their race) against the two-kernel path and the C++ op, on
     _split_cases' rows (greedy and sampled, rejections at 0 and 2, full acceptance, no drafts, an
     out-of-vocabulary draft, rows without a finite logit, NaN and inf, a residual without mass) in the logits'
-    dtype; bfloat16 with an even vocabulary reads pairs of entries as 32-bit words (bf16_pairs), with an odd
-    one entry by entry. Chunks of 48 (3 tiles: the running max rises across tiles)."""
+    dtype; bfloat16 with an even vocabulary reads pairs of entries as 32-bit words (bf16_pairs), and its bonus
+    race, with a vocabulary of a multiple of 4, quads as 64-bit words (bf16_quads, the random bits of a quad in
+    its thread); with an odd one entry by entry. Chunks of 48 (3 tiles: the running max rises across tiles)."""
     logits, drafts, num, temperature, q, seeds = _split_cases()
     logits = torch.cat([logits, logits[..., :1] - 1.0], -1)[..., :vocab].to(dtype)
     drafts = drafts.clamp(max=vocab + 7)
@@ -1672,8 +1674,8 @@ def test_triton_fused_chain_bonus_race_across_tiles_and_chunks():
     best rescaled with the sum, the chunks' winners rescaled to the row's max before they are compared): the
     bonus token of 48 requests without drafts, a third of them at other temperatures, equals the C++ op's
     (a race that kept an earlier tile's score unscaled, or compared the chunks' scores as they are, favours
-    the row's start). Then the same rows in bfloat16 as 32-bit pairs, from an offset view (rows 2-byte
-    aligned: read entry by entry)."""
+    the row's start). Then the same rows in bfloat16: read as quads (rows 8-byte aligned), from views 4 bytes
+    off (pairs) and 2 bytes off (entry by entry)."""
     batch, vocab = 48, 320
     g = torch.Generator().manual_seed(5)
     logits = (torch.linspace(-4.0, 4.0, vocab) + torch.randn(batch, 1, vocab, generator=g)).contiguous()
@@ -1682,8 +1684,10 @@ def test_triton_fused_chain_bonus_race_across_tiles_and_chunks():
     seeds = torch.arange(batch, dtype=torch.int64) * 7 + 2
     offsets = torch.zeros(batch, dtype=torch.int64)
     temperature = torch.tensor([1.0, 0.6, 1.7] * (batch // 3))
+    flat = logits.to(torch.bfloat16).flatten()
     for rows in (logits, logits.to(torch.bfloat16),
-                 torch.cat([torch.zeros(1), logits.to(torch.bfloat16).flatten()])[1:].view(batch, 1, vocab)):
+                 torch.cat([torch.zeros(2, dtype=flat.dtype), flat])[2:].view(batch, 1, vocab),
+                 torch.cat([torch.zeros(1, dtype=flat.dtype), flat])[1:].view(batch, 1, vocab)):
         ref = specdec_ops.rejection_sample_logits(rows, drafts, num, temperature=temperature, seeds=seeds,
                                                   offsets=offsets, backend="cpu")
         ids, _ = _fused_call(rows, drafts, num, None, temperature, seeds, offsets, chunk=64, k=0)
@@ -1692,12 +1696,13 @@ def test_triton_fused_chain_bonus_race_across_tiles_and_chunks():
 
 
 @pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
-def test_triton_fused_bonus_race_emits_the_target():
-    """Chi-square at alpha = 1e-4 with 1,200 requests (no drafts, V = 14 in 2 chunks of 8 over tiles of 4, bf16
-    logits read as pairs, temperature 0.8; few requests: the interpreter runs 2 programs a request, 20 ms
-    each): the fused bonus race's token ~ softmax(logits / T), computed here in float64 from the same bf16
-    values."""
-    batch, vocab, t = 1200, 14, 0.8
+@pytest.mark.parametrize("vocab", [14, 16], ids=["pairs", "quads"])
+def test_triton_fused_bonus_race_emits_the_target(vocab):
+    """Chi-square at alpha = 1e-4 with 1,200 requests (no drafts, V = 14 or 16 in 2 chunks of 8 over tiles of
+    4, bf16 logits, temperature 0.8; few requests: the interpreter runs 2 programs a request, 20 ms each): the
+    fused bonus race's token ~ softmax(logits / T), computed here in float64 from the same bf16 values; the
+    race over entries one by one (V = 14: chunk_partials_race) and over quads (V = 16: the quads' race)."""
+    batch, t = 1200, 0.8
     row = (torch.randn(vocab, generator=torch.Generator().manual_seed(21)) * 1.5).to(torch.bfloat16)
     logits = row.expand(batch, 1, vocab).contiguous()
     ids, _ = _fused_call(logits, torch.zeros(batch, 0, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64),
@@ -1759,6 +1764,20 @@ def test_a_draft_without_mass_under_both_models_is_rejected(backend):
             assert torch.equal(split[0], out.token_ids)
 
 
+def test_fused_chunks_grow_with_the_batch():
+    """chain_fused_kernel's chunk (fused_chunk): SPLIT_CHUNK doubled while the batch's bonus rows still split into
+    at least FUSED_BONUS_PROGRAMS programs, at most FUSED_CHUNK_MAX, never past the row; shapes alone decide."""
+    from specdec_ops.logits import FUSED_BONUS_PROGRAMS, FUSED_CHUNK_MAX, SPLIT_CHUNK, fused_chunk
+
+    assert (SPLIT_CHUNK, FUSED_CHUNK_MAX, FUSED_BONUS_PROGRAMS) == (8192, 32768, 256)
+    assert fused_chunk(64, 128256) == 32768   # 4 chunks a row: 256 bonus programs
+    assert fused_chunk(63, 128256) == 16384
+    assert fused_chunk(32, 128256) == 16384
+    assert fused_chunk(16, 128256) is None    # 8192 (_split_sizes' default)
+    assert fused_chunk(1024, 32768) == 16384  # 2 chunks: the row is not one chunk
+    assert fused_chunk(4096, 100) is None and fused_chunk(1, 10 ** 6) is None
+
+
 @pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
 def test_triton_chain_without_filters_launches_one_kernel(monkeypatch):
     """Without filter tensors, logprobs or synthetic rates the chain runs chain_fused_kernel alone (the split
@@ -1804,6 +1823,27 @@ def test_triton_split_chain_race_winner_in_every_chunk():
                               block=16)
     assert torch.equal(ids, ref.token_ids)
     assert len(set((ref.token_ids[:, 0] // 16).tolist())) >= 6  # winners spread over the chunks
+
+
+@pytest.mark.skipif("rejection_sample_logits" not in _TRITON_OPS, reason="triton not installed")
+def test_triton_exp_reference_turns_sums_to_the_row_max():
+    """The fused chunk programs sum 2^(x s - c), c = m s rounded once (one fused multiply-add an entry), and
+    multiply by exp_reference(m, c, s) = 2^(c - m s) to hold the sum of 2^((x - m) s). On a GPU m s - c is the
+    product's rounding error (a fused multiply-add); here, under the interpreter, m s rounds first, so
+    references c a few ulps off fl(m s) stand in for it: the factor must be 2^(c - fl(m s)) (a flipped sign
+    or a missing ln 2 misses by 4e-5 at m s = 144)."""
+    from race_skip_probe import exp_reference_probe
+
+    scale = 1.4426950408889634 / 0.7
+    m = torch.tensor([3.1, -7.25, 100.3, 0.5, 42.0, -0.0625] * 5, dtype=torch.float32)
+    ms = (m * torch.tensor(scale, dtype=torch.float32))  # float32 products, as the interpreter rounds them
+    steps = torch.arange(-2, 3, dtype=torch.float32).repeat_interleave(6)
+    c = ms + steps * torch.finfo(torch.float32).eps * ms.abs()  # whole ulps or near them, both signs
+    out = torch.empty_like(m)
+    exp_reference_probe[(1,)](m, c, out, scale, m.numel(), BLOCK=32)
+    expected = torch.exp2(c.double() - ms.double())
+    assert (expected - 1).abs().max() > 1e-6  # the references are off fl(m s)
+    torch.testing.assert_close(out.double(), expected, rtol=2e-7, atol=0)
 
 
 def _skip_probe(x, bits, q, m, inv_t, best, total, residual, logits):

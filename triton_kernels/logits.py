@@ -21,9 +21,10 @@ chain_walk_race_kernel (see the sections at the end of this file).
 import triton
 import triton.language as tl
 
-from .philox import (PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile,
+from .philox import (PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_groups,
+                     philox_tile,
                      uniform_mantissa)
-from .rejection import prob_mass, race_cut, race_tile_fold, race_tile_update
+from .rejection import prob_mass, race_cut, race_skips_probs, race_tile_fold, race_tile_update
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -1348,7 +1349,10 @@ def final_row_race(logits_ptr, draft_probs_ptr, race_score_ptr, race_index_ptr, 
 # Every program first takes its place from a counter (atomic: the order in which programs start). The first
 # B x (K+1) x CHUNKS places are chunk programs: a chunk of a split row's partials (as chain_row_partials_kernel
 # computes them) and, on a sampled request's bonus row, in the same pass over the logits, the bonus race
-# over the chunk (chunk_partials_race); each then counts itself in its request's arrivals. The last B x RACES
+# over the chunk (chunk_partials_race; over quads for bfloat16 rows: chunk_partials_race_quads); each then
+# counts itself in its request's arrivals. The bonus rows' programs, the longest, take the first places. The
+# launcher sizes the chunks from the shapes (fused_chunk: longer with larger batches, as a race restarts in
+# every chunk and its first tiles cost the most). The last B x RACES
 # places are request programs: each loads what its request's walk reads besides the partials (draft ids,
 # their logits and q(x), the acceptance uniforms), waits until every chunk program of the request has
 # arrived, walks the rows (every row's test at once: chain_walk_vector) and ends the request: where the walk
@@ -1377,12 +1381,13 @@ def bf16_pairs(row_ptr, lo, vocab, HALF: tl.constexpr):
 def chunk_partials_raw(row_ptr, lo, vocab, inv_t, HAS_T: tl.constexpr, PAIRS: tl.constexpr, CHUNK: tl.constexpr,
                        PART_BLOCK: tl.constexpr):
     """chunk_partials without sanitizing the logits: (m, total, first argmax), equal to chunk_partials' where the
-    chunk's logits are finite or -inf with at least one finite (up to the sum's order under PAIRS); total is NaN
-    otherwise (a NaN logit, +inf, or no finite logit: x - m is NaN somewhere), and the caller then runs
-    chunk_partials. Per entry: the load's conversion, a max, a subtraction, a product, an ex2 and an add.
-    PAIRS: a bfloat16 row read as pairs (bf16_pairs)."""
+    chunk's logits are finite or -inf with at least one finite (up to the sums' rounding); total is NaN
+    otherwise (a NaN logit, +inf, or no finite logit: x s - c is NaN somewhere), and the caller then runs
+    chunk_partials. Per entry: the load's conversion, a max, one fused multiply-add (x s - c, against c = m s
+    rounded once: exp_reference), an ex2 and an add. PAIRS: a bfloat16 row read as pairs (bf16_pairs)."""
     exp2_scale = inv_t * LOG2E
     m = tl.full([], float("-inf"), tl.float32)
+    c = m
     total = tl.full([], 0.0, tl.float32)
     best_index = tl.zeros([], tl.int32) + lo
     for start in range(0, CHUNK, PART_BLOCK):
@@ -1399,13 +1404,24 @@ def chunk_partials_raw(row_ptr, lo, vocab, inv_t, HAS_T: tl.constexpr, PAIRS: tl
                     best_index = tl.min(tl.where(xe == tile_max, ie, tl.where(xo == tile_max, ie + 1, 0x7FFFFFFF)), 0)
                 else:
                     best_index = tl.min(tl.where(x == tile_max, idx, 0x7FFFFFFF), 0)
-            total = total * tl.exp((m - tile_max) * inv_t)
+            c_new = tile_max * exp2_scale
+            total = total * tl.math.exp2(c - c_new)
             m = tile_max
+            c = c_new
         if PAIRS:
-            total += tl.sum(tl.math.exp2((xe - m) * exp2_scale) + tl.math.exp2((xo - m) * exp2_scale), 0)
+            total += tl.sum(tl.math.exp2(xe * exp2_scale - c) + tl.math.exp2(xo * exp2_scale - c), 0)
         else:
-            total += tl.sum(tl.math.exp2((x - m) * exp2_scale), 0)
-    return m, total, best_index
+            total += tl.sum(tl.math.exp2(x * exp2_scale - c), 0)
+    return m, total * exp_reference(m, c, exp2_scale), best_index
+
+
+@triton.jit
+def exp_reference(m, c, exp2_scale):
+    """2^(c - m s) (s = exp2_scale, c = m s rounded once), within an ulp of 1: the factor that turns a sum of
+    2^(x s - c) (one fused multiply-add an entry) into the sum of 2^((x - m) s) that the partials hold. m s - c
+    is exactly d = fma(m, s, -c) (a product's rounding error is a float); 2^-d = 1 - d ln 2 to within d^2 (|d|
+    is at most an ulp of m s, relative). NaN where m is not finite (as the sums then are)."""
+    return 1.0 - (m * exp2_scale - c) * 0.6931471805599453
 
 
 @triton.jit
@@ -1413,7 +1429,8 @@ def chunk_partials_race(row_ptr, lo, vocab, inv_t, seed, offset, position, HAS_T
                         RACE_BLOCK: tl.constexpr):
     """chunk_partials_raw and, in the same pass, the bonus race over the chunk: (m, total, first argmax, score,
     index) with score the largest e / -log(u) over the chunk's entries, e = exp2((x - m) inv_t log2(e)) the
-    terms of the sum (relative to the chunk's final max m), u the bonus uniforms of the entries (purpose
+    terms of the sum (relative to the chunk's final max m; computed as chunk_partials_raw's, 2^(x s - c) times
+    exp_reference at the end), u the bonus uniforms of the entries (purpose
     PURPOSE_BONUS at `position`, philox_tile), index its first entry. That is split_race's race over p = e /
     total, every score scaled by the same 1 / total: the same winner (floating-point near-ties aside, as
     between backends). When a tile raises the running max, the best score so far is rescaled with the sum. An
@@ -1424,6 +1441,7 @@ def chunk_partials_race(row_ptr, lo, vocab, inv_t, seed, offset, position, HAS_T
     scores the tile exactly. Meaningful only where total is not NaN (chunk_partials_raw)."""
     exp2_scale = inv_t * LOG2E
     m = tl.full([], float("-inf"), tl.float32)
+    c = m
     total = tl.full([], 0.0, tl.float32)
     best_index = tl.zeros([], tl.int32) + lo
     best = tl.full([], -1.0, tl.float32)
@@ -1437,14 +1455,109 @@ def chunk_partials_race(row_ptr, lo, vocab, inv_t, seed, offset, position, HAS_T
         if tile_max > m:
             if HAS_T:
                 best_index = tl.min(tl.where(x == tile_max, idx, 0x7FFFFFFF), 0)
-            total = total * tl.exp((m - tile_max) * inv_t)
+            c_new = tile_max * exp2_scale
+            rescale = tl.math.exp2(c - c_new)
+            total = total * rescale
             if best > 0:
-                best = best * tl.math.exp2((m - tile_max) * exp2_scale)
+                best = best * rescale
             m = tile_max
-        e = tl.math.exp2((x - m) * exp2_scale)
+            c = c_new
+        e = tl.math.exp2(x * exp2_scale - c)
         total += tl.sum(e, 0)
         best, race_index = race_tile_update(tl.where(inside, e, -1.0), bits, idx, best, race_index, True)
-    return m, total, best_index, best, race_index
+    to_m = exp_reference(m, c, exp2_scale)
+    return m, total * to_m, best_index, tl.where(best > 0, best * to_m, best), race_index
+
+
+@triton.jit
+def bf16_quads(row_ptr, lo, vocab, GROUPS: tl.constexpr):
+    """Entries lo .. lo + 4 GROUPS - 1 of a bfloat16 row (its start 8-byte aligned, vocab a multiple of 4) as
+    64-bit words: (x0, x1, x2, x3, i0, inside), x_i[g] float32 entry i0[g] + i = lo + 4 g + i (past the row:
+    -inf, inside False). Each quad's entries stay in one thread, as its Philox block does (philox_groups over
+    i0 // 4)."""
+    g = lo // 4 + tl.arange(0, GROUPS)
+    inside = g < vocab // 4
+    # 8-byte loads (a warp's still one 256-byte line): in the layout of the random bits, which the compiler
+    # would otherwise exchange between threads to meet a 16-byte load's (the select hides the contiguity)
+    words = tl.load(row_ptr.to(tl.pointer_type(tl.int64)) + tl.where(inside, g, 0), mask=inside,
+                    other=-35747867511423104)  # 4 x -inf
+    low = words.to(tl.int32)
+    high = (words >> 32).to(tl.int32)
+    return ((low << 16).to(tl.float32, bitcast=True), (low & -65536).to(tl.float32, bitcast=True),
+            (high << 16).to(tl.float32, bitcast=True), (high & -65536).to(tl.float32, bitcast=True), 4 * g, inside)
+
+
+@triton.jit
+def first_of_quads(h0, h1, h2, h3, i0):
+    """The smallest index i0[g] + i over the quads' entries where h_i holds (0x7FFFFFFF for none)."""
+    return tl.min(tl.where(h0, i0, tl.where(h1, i0 + 1, tl.where(h2, i0 + 2, tl.where(h3, i0 + 3, 0x7FFFFFFF)))), 0)
+
+
+@triton.jit
+def quad_score(e, bits, inside):
+    """An entry's race score e / -log(u), rounded as race_tile_fold's (-1 past the row)."""
+    return tl.where(inside, tl.math.div_rn(e, -tl.log(bits_to_uniform(bits))), -1.0)
+
+
+@triton.jit
+def race_quads_update(e0, e1, e2, e3, r0, r1, r2, r3, i0, inside, best, best_index):
+    """race_tile_update (noisy) over a tile held as quads (e_i the masses, r_i the random bits of entries i0 + i):
+    the skip test per entry, one tile-wide OR; a tile with an entry that may still win scores every entry of
+    the row: an entry the test skips scores below the best so far (race_cut), so the tile's largest score
+    beats the best exactly when race_tile_fold's would, at the same entry."""
+    cut_a, cut_c = race_cut(best, 1.0)
+    skip = (race_skips_probs(e0, r0, cut_a, cut_c) & race_skips_probs(e1, r1, cut_a, cut_c)
+            & race_skips_probs(e2, r2, cut_a, cut_c) & race_skips_probs(e3, r3, cut_a, cut_c))
+    if tl.max(tl.where(skip, 0, tl.where(inside, 1, 0)), 0) != 0:
+        s0 = quad_score(e0, r0, inside)
+        s1 = quad_score(e1, r1, inside)
+        s2 = quad_score(e2, r2, inside)
+        s3 = quad_score(e3, r3, inside)
+        top = tl.max(tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3)), 0)
+        top_index = first_of_quads(s0 == top, s1 == top, s2 == top, s3 == top, i0)
+        if top > best:
+            best = top
+            best_index = top_index
+    return best, best_index
+
+
+@triton.jit
+def chunk_partials_race_quads(row_ptr, lo, vocab, inv_t, seed, offset, position, HAS_T: tl.constexpr,
+                              CHUNK: tl.constexpr, RACE_BLOCK: tl.constexpr):
+    """chunk_partials_race over a bfloat16 row read as quads (bf16_quads: vocab a multiple of 4, the row 8-byte
+    aligned), each quad's random bits from its own Philox block in the same thread (philox_groups): the same
+    results (up to the sum's order), without the exchange of the random bits between threads that
+    philox_tile's layout costs (a round trip through shared memory and four barriers a tile)."""
+    GROUPS: tl.constexpr = RACE_BLOCK // 4
+    exp2_scale = inv_t * LOG2E
+    m = tl.full([], float("-inf"), tl.float32)
+    c = m
+    total = tl.full([], 0.0, tl.float32)
+    best_index = tl.zeros([], tl.int32) + lo
+    best = tl.full([], -1.0, tl.float32)
+    race_index = tl.zeros([], tl.int32) + lo
+    for start in range(0, CHUNK, RACE_BLOCK):
+        x0, x1, x2, x3, i0, inside = bf16_quads(row_ptr, lo + start, vocab, GROUPS)
+        r0, r1, r2, r3 = philox_groups(seed, offset, position, PURPOSE_BONUS, i0 // 4)
+        tile_max = tl.max(tl.maximum(tl.maximum(x0, x1), tl.maximum(x2, x3)), 0)
+        if tile_max > m:
+            if HAS_T:
+                best_index = first_of_quads(x0 == tile_max, x1 == tile_max, x2 == tile_max, x3 == tile_max, i0)
+            c_new = tile_max * exp2_scale
+            rescale = tl.math.exp2(c - c_new)
+            total = total * rescale
+            if best > 0:
+                best = best * rescale
+            m = tile_max
+            c = c_new
+        e0 = tl.math.exp2(x0 * exp2_scale - c)
+        e1 = tl.math.exp2(x1 * exp2_scale - c)
+        e2 = tl.math.exp2(x2 * exp2_scale - c)
+        e3 = tl.math.exp2(x3 * exp2_scale - c)
+        total += tl.sum((e0 + e1) + (e2 + e3), 0)
+        best, race_index = race_quads_update(e0, e1, e2, e3, r0, r1, r2, r3, i0, inside, best, race_index)
+    to_m = exp_reference(m, c, exp2_scale)
+    return m, total * to_m, best_index, tl.where(best > 0, best * to_m, best), race_index
 
 
 @triton.jit
@@ -1522,7 +1635,7 @@ def chain_fused_kernel(
     PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, PART_BLOCK: tl.constexpr,
     RACE_BLOCK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, RACE_GROUP: tl.constexpr,
-    PAIRS: tl.constexpr = False,
+    PAIRS: tl.constexpr = False, QUADS: tl.constexpr = False,
 ):
     """Chain verification of B requests in one launch (see the section's comment): grid B x (K+1) x CHUNKS +
     B x RACES programs, RACES = ceil(CHUNKS / RACE_GROUP). Outputs as chain_walk_race_kernel's. PAIRS: bfloat16
@@ -1532,8 +1645,8 @@ def chain_fused_kernel(
     if place < chunk_programs:
         fused_chunk_program(logits_ptr, lengths_ptr, seeds_ptr, offsets_ptr, temperature_ptr, part_max_ptr,
                             part_arg_ptr, part_sum_ptr, bonus_score_ptr, bonus_index_ptr, counters_ptr, place, vocab,
-                            max_draft, num_draft_rows, bonus_rows, PACKED, HAS_T, HAS_BONUS, CHUNKS, CHUNK,
-                            PART_BLOCK, RACE_BLOCK, PAIRS)
+                            max_draft, num_draft_rows, bonus_rows, batch, PACKED, HAS_T, HAS_BONUS, CHUNKS, CHUNK,
+                            PART_BLOCK, RACE_BLOCK, PAIRS, QUADS)
     else:
         fused_request_program(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_ptr, seeds_ptr, offsets_ptr,
                               temperature_ptr, part_max_ptr, part_arg_ptr, part_sum_ptr, bonus_score_ptr,
@@ -1555,16 +1668,23 @@ def request_temperature(temperature_ptr, b, HAS_T: tl.constexpr):
 @triton.jit
 def fused_chunk_program(logits_ptr, lengths_ptr, seeds_ptr, offsets_ptr, temperature_ptr, part_max_ptr, part_arg_ptr,
                         part_sum_ptr, bonus_score_ptr, bonus_index_ptr, counters_ptr, place, vocab, max_draft,
-                        num_draft_rows, bonus_rows, PACKED: tl.constexpr, HAS_T: tl.constexpr,
+                        num_draft_rows, bonus_rows, batch, PACKED: tl.constexpr, HAS_T: tl.constexpr,
                         HAS_BONUS: tl.constexpr, CHUNKS: tl.constexpr, CHUNK: tl.constexpr, PART_BLOCK: tl.constexpr,
-                        RACE_BLOCK: tl.constexpr, PAIRS: tl.constexpr):
-    """Chunk program `place` of chain_fused_kernel: row j = place // CHUNKS (request b, row k), chunk place %
-    CHUNKS. A row the walk can never enter is not read; its programs only arrive."""
-    j = (place // CHUNKS).to(tl.int64)
+                        RACE_BLOCK: tl.constexpr, PAIRS: tl.constexpr, QUADS: tl.constexpr):
+    """Chunk program `place` of chain_fused_kernel, chunk place % CHUNKS of a row: the first B x CHUNKS places
+    take every request's row n (its last, where a sampled request's bonus race runs: the longest programs
+    start first, so none of them is left running alone at the end), the others the request's other K rows in
+    order (request b = r // K, r = place // CHUNKS - B; its row r % K, past n one further). A row the walk can
+    never enter is not read; its programs only arrive."""
     c = place % CHUNKS
-    b = j // (max_draft + 1)
-    k = j % (max_draft + 1)
+    r = (place // CHUNKS).to(tl.int64)
+    first = r < batch
+    per_request = tl.maximum(max_draft, 1)  # (K = 0: every place is a first one)
+    b = tl.where(first, r, (r - batch) // per_request)
     n, target_base, _ = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
+    k = tl.where(first, n, (r - batch) % per_request)
+    k = tl.where(first | (k < n), k, k + 1)
+    j = b * (max_draft + 1) + k
     if HAS_BONUS:
         used = k < n
     else:
@@ -1578,9 +1698,14 @@ def fused_chunk_program(logits_ptr, lengths_ptr, seeds_ptr, offsets_ptr, tempera
         index = tl.zeros([], tl.int32)
         racing = (k == n) & (t > 0)  # a sampled request's bonus row (with HAS_BONUS never entered: not used)
         if racing:
-            m, total, best_index, score, index = chunk_partials_race(
-                row_ptr, lo, vocab, inv_t, tl.load(seeds_ptr + b), tl.load(offsets_ptr + b), n, HAS_T, CHUNK,
-                RACE_BLOCK)
+            if QUADS:
+                m, total, best_index, score, index = chunk_partials_race_quads(
+                    row_ptr, lo, vocab, inv_t, tl.load(seeds_ptr + b), tl.load(offsets_ptr + b), n, HAS_T, CHUNK,
+                    RACE_BLOCK)
+            else:
+                m, total, best_index, score, index = chunk_partials_race(
+                    row_ptr, lo, vocab, inv_t, tl.load(seeds_ptr + b), tl.load(offsets_ptr + b), n, HAS_T, CHUNK,
+                    RACE_BLOCK)
         else:
             m, total, best_index = chunk_partials_raw(row_ptr, lo, vocab, inv_t, HAS_T, PAIRS, CHUNK, PART_BLOCK)
         if total != total:  # a NaN or +inf logit, or none finite: the sanitized pass, the race undecided

@@ -59,6 +59,30 @@ def philox_bits(seed, offset, position, purpose, index):
 
 
 @triton.jit
+def philox_quads(seed, offset, position, purpose, start, GROUPS: tl.constexpr):
+    """(r0, r1, r2, r3), each [GROUPS] uint32: the bits of the groups of 4 entries from `start` (int32 scalar, a
+    multiple of 4), r_i[g] those of entry start + 4 g + i: one Philox block a group, in the layout of the group
+    index (no reshuffling between threads)."""
+    return philox_groups(seed, offset, position, purpose, start // 4 + tl.arange(0, GROUPS))
+
+
+@triton.jit
+def philox_groups(seed, offset, position, purpose, groups):
+    """(r0, r1, r2, r3) shaped like `groups` (int32 tensor of group indices g): the bits of entries 4 g + i. Given
+    the tensor a load's pointers come from, the bits are computed in that load's layout."""
+    seed = seed.to(tl.uint64, bitcast=True)
+    offset = offset.to(tl.uint64, bitcast=True)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = (seed >> 32).to(tl.uint32)
+    c0 = groups.to(tl.uint32)
+    zero = tl.zeros_like(c0)
+    c1 = ((zero.to(tl.int64) + position).to(tl.uint64, bitcast=True) & 0xFFFFFFFF).to(tl.uint32)
+    c2 = (offset & 0xFFFFFFFF).to(tl.uint32) + zero
+    c3 = ((((offset >> 32) << 8) & 0xFFFFFFFF).to(tl.uint32) + zero) | (zero.to(tl.int32) + purpose).to(tl.uint32)
+    return philox4x32_10(c0, c1, c2, c3, k0, k1)
+
+
+@triton.jit
 def philox_tile(seed, offset, position, purpose, start, BLOCK: tl.constexpr):
     """[BLOCK] uint32: the bits of vocabulary entries start .. start + BLOCK - 1.
 
@@ -66,16 +90,7 @@ def philox_tile(seed, offset, position, purpose, start, BLOCK: tl.constexpr):
     philox_bits(seed, offset, position, purpose, start + arange(BLOCK)), with one
     Philox block per group of 4 entries (its words 0..3 are entries 4g .. 4g + 3).
     """
-    seed = seed.to(tl.uint64, bitcast=True)
-    offset = offset.to(tl.uint64, bitcast=True)
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = (seed >> 32).to(tl.uint32)
-    c0 = (start // 4 + tl.arange(0, BLOCK // 4)).to(tl.uint32)
-    zero = tl.zeros_like(c0)
-    c1 = ((zero.to(tl.int64) + position).to(tl.uint64, bitcast=True) & 0xFFFFFFFF).to(tl.uint32)
-    c2 = (offset & 0xFFFFFFFF).to(tl.uint32) + zero
-    c3 = ((((offset >> 32) << 8) & 0xFFFFFFFF).to(tl.uint32) + zero) | (zero.to(tl.int32) + purpose).to(tl.uint32)
-    r0, r1, r2, r3 = philox4x32_10(c0, c1, c2, c3, k0, k1)
+    r0, r1, r2, r3 = philox_quads(seed, offset, position, purpose, start, BLOCK // 4)
     # join(join(r0, r2), join(r1, r3))[g, j, i] is word 2 j + i of block g: row-major flattening
     # puts it at 4 g + 2 j + i, its vocabulary entry.
     return tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK])
