@@ -563,23 +563,28 @@ _FUSED_MAXNREG = 104  # specdec_ops/logits.py _FUSED_MAXNREG
 
 def _logits_triton_fused_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
     """Triton chain verification without filters, logprobs or rates (specdec_ops/logits.py _launch_fused_chain): one
-    launch of chain_fused_kernel, grid B x (K+1) x chunks chunk programs, then B x races request programs.
-    Each chunk program reads its chunk of a row once (SPLIT_CHUNK entries): a draft row's as bf16 pairs in
-    tiles of SPLIT_PART_BLOCK (chunk_partials_raw: max, exp-sum), the bonus row's in tiles of SPLIT_BLOCK with
-    the bonus race over the same entries (chunk_partials_race: Philox, the skip test, the exact scores of a
-    tile with an entry that may still win, H(trips)/trips of them against the chunk's running best), 16 B of
-    partials written per chunk (8 B more on the bonus row), then its arrival (an atomic). Phases: the exp-sum
-    loop over the K draft rows' share of the chunk programs, the race loop over the bonus row's; the issue
-    time counts the chunk programs (the request programs' work is the tail). Each request program reads the
-    request's draft ids, draft logits (and q(x)) before it waits, then the partials of K+1 rows x chunks (16 B)
-    and the bonus race's winners (8 B a chunk) and, program 0 of the request, writes the outputs. Tail after
-    the last chunk's bytes: 3 round trips (the last arrival seen by the polling request program, the partials
-    read back, the walk's arithmetic and the outputs: a few hundred instructions of one program, counted as a
-    round trip). Counters: 4 B a program for its place plus the arrivals and the polls; one memset before the
-    launch (torch.zeros of 1 + 2B int32) not counted. Not modelled: a bonus-row program runs about 5x the
-    instructions of a draft-row one, so the last requests' bonus programs can outlast the others (no
-    ordering of the places against it)."""
-    chunks = -(-V // SPLIT_CHUNK)
+    launch of chain_fused_kernel, grid B x (K+1) x chunks chunk programs, then B x races request programs;
+    chunks of fused_chunk(64, V) = 32768 entries (4 a row: 256 bonus-row programs). Each chunk program reads
+    its chunk of a row once: a draft row's as bf16 pairs in tiles of SPLIT_PART_BLOCK (chunk_partials_raw: max,
+    exp-sum, one fused multiply-add an entry for the exponent), the bonus row's as quads in tiles of
+    SPLIT_BLOCK with the bonus race over the same entries (chunk_partials_race_quads: each quad's Philox block
+    in its thread, the skip test, the exact scores of a tile with an entry that may still win, H(trips)/trips
+    of them against the chunk's running best: 32 tiles a chunk), 16 B of partials written per chunk (8 B more
+    on the bonus row), then its arrival (an atomic). Phases: the exp-sum loop over the K draft rows' share of
+    the chunk programs, the race loop over the bonus row's; the issue time counts the chunk programs (the
+    request programs' work is the tail). Each request program reads the request's draft ids, draft logits
+    (and q(x)) before it waits, then the partials of K+1 rows x chunks (16 B) and the bonus race's winners (8 B
+    a chunk) and, program 0 of the request, writes the outputs. Tail after the last chunk's bytes: 3 round
+    trips (the last arrival seen by the polling request program, the partials read back, the walk's arithmetic
+    and the outputs: a few hundred instructions of one program, counted as a round trip). Counters: 4 B a
+    program for its place plus the arrivals and the polls; one memset before the launch (torch.zeros of 1 + 2B
+    int32) not counted. Not modelled: a bonus-row program runs about 5x the instructions of a draft-row one;
+    the bonus rows' programs take the first places (fused_chunk_program), so the draft rows' programs fill the
+    SMs around them and none is left running alone at the end, but an SM left with only one or two of them
+    issues at their own pace (a warp's dependent instructions), below the model's 4 a cycle."""
+    from specdec_ops.logits import fused_chunk
+    chunk = fused_chunk(batch, V) or SPLIT_CHUNK  # the launcher's choice (32768 here)
+    chunks = -(-V // chunk)
     group = _race_group(batch, chunks)
     races = -(-chunks // group)
     programs = batch * rows * chunks
@@ -592,8 +597,9 @@ def _logits_triton_fused_case(tag, shape, has_q, batch, rows, row_bytes, scalars
                  race_score_ptr="*fp32", race_index_ptr="*i64", counters_ptr="*i32", token_ids_ptr="*i64",
                  num_accepted_ptr="*i32", bonus_ptr="*i64")
     const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, HAS_BONUS=False, CHUNKS=chunks,
-                 CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=SPLIT_CHUNK, PART_BLOCK=SPLIT_PART_BLOCK,
-                 RACE_BLOCK=SPLIT_BLOCK, BLOCK=SPLIT_BLOCK, BLOCK_K=8, vocab=V, RACE_GROUP=group, PAIRS=True)
+                 CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=chunk, PART_BLOCK=SPLIT_PART_BLOCK,
+                 RACE_BLOCK=SPLIT_BLOCK, BLOCK=SPLIT_BLOCK, BLOCK_K=8, vocab=V, RACE_GROUP=group, PAIRS=True,
+                 QUADS=True)
     return Case(name=f"logits_triton_{tag}", backend="triton", shape=shape, loop="expsum", streams=1,
                 elem_bytes=2, bytes_moved=batch * rows * row_bytes + partials + walk + counters,
                 min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch * rows, passes=1,

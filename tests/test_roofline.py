@@ -184,9 +184,12 @@ def test_logits_cases_count_every_pass_over_the_rows():
     assert [(p[0], p[1]) for p in fused.phases] == [("expsum", pytest.approx(roofline.K / rows)),
                                                     ("race", pytest.approx(1 / rows))]
     assert 64 * rows * row <= fused.bytes_moved < 1.02 * 64 * rows * row
-    from specdec_ops.logits import _FUSED_MAXNREG, _partials_block
+    from specdec_ops.logits import _FUSED_MAXNREG, _partials_block, fused_chunk
     assert fused.triton["maxnreg"] == roofline._FUSED_MAXNREG == _FUSED_MAXNREG  # the launcher's register cap
-    assert fused.triton["constexprs"]["PART_BLOCK"] == _partials_block(roofline.SPLIT_CHUNK)
+    const = fused.triton["constexprs"]
+    assert const["CHUNK"] == fused_chunk(64, roofline.V) == 32768  # the launcher's chunk at B = 64
+    assert const["CHUNKS"] == -(-roofline.V // const["CHUNK"]) and const["PAIRS"] and const["QUADS"]
+    assert const["PART_BLOCK"] == _partials_block(const["CHUNK"])
     # top-p: CUDA's draft rows accepted early (max, max read-back, the exp-sum over every entry), the bonus row's
     # early token (its exp-sum over every entry, then BONUS_ROUNDS rounds of a race and the exp-sum above the
     # winner), no radix pass, each row once from HBM; Triton the split kernels with 4 radix launches (bf16: 16-bit
