@@ -563,7 +563,8 @@ _FUSED_MAXNREG = 104  # specdec_ops/logits.py _FUSED_MAXNREG
 
 def _logits_triton_fused_case(tag, shape, has_q, batch, rows, row_bytes, scalars, common):
     """Triton chain verification without filters, logprobs or rates (specdec_ops/logits.py _launch_fused_chain): one
-    launch of chain_fused_kernel, grid B x (K+1) x chunks chunk programs, then B x races request programs;
+    launch of chain_fused_kernel, grid B x (K+1) x chunks chunk programs, then B x races request programs (races
+    over chunks of SPLIT_CHUNK after a rejection, as chain_walk_race_kernel's: 8 a request here);
     chunks of fused_chunk(64, V) = 32768 entries (4 a row: 256 bonus-row programs). Each chunk program reads
     its chunk of a row once: a draft row's as bf16 pairs in tiles of SPLIT_PART_BLOCK (chunk_partials_raw: max,
     exp-sum, one fused multiply-add an entry for the exponent), the bonus row's as quads in tiles of
@@ -585,8 +586,9 @@ def _logits_triton_fused_case(tag, shape, has_q, batch, rows, row_bytes, scalars
     from specdec_ops.logits import fused_chunk
     chunk = fused_chunk(batch, V) or SPLIT_CHUNK  # the launcher's choice (32768 here)
     chunks = -(-V // chunk)
-    group = _race_group(batch, chunks)
-    races = -(-chunks // group)
+    race_chunks = -(-V // SPLIT_CHUNK)  # the request programs' race after a rejection: chunks of 8192
+    group = _race_group(batch, race_chunks)
+    races = -(-race_chunks // group)
     programs = batch * rows * chunks
     partials = programs * 16 + batch * chunks * 8
     walk = batch * races * (rows * chunks * 16 + chunks * 8 + (K + 1) * 8 * 2) + scalars
@@ -599,7 +601,8 @@ def _logits_triton_fused_case(tag, shape, has_q, batch, rows, row_bytes, scalars
     const = dict(PACKED=False, HAS_DRAFT_PROBS=has_q, HAS_T=False, HAS_BONUS=False, CHUNKS=chunks,
                  CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=chunk, PART_BLOCK=SPLIT_PART_BLOCK,
                  RACE_BLOCK=SPLIT_BLOCK, BLOCK=SPLIT_BLOCK, BLOCK_K=8, vocab=V, RACE_GROUP=group, PAIRS=True,
-                 QUADS=True)
+                 QUADS=True, RACE_CHUNKS=race_chunks, RACE_CHUNKS_P2=1 << (race_chunks - 1).bit_length(),
+                 RACE_CHUNK=SPLIT_CHUNK)
     return Case(name=f"logits_triton_{tag}", backend="triton", shape=shape, loop="expsum", streams=1,
                 elem_bytes=2, bytes_moved=batch * rows * row_bytes + partials + walk + counters,
                 min_bytes=batch * rows * row_bytes, elems_per_pass=V, items=batch * rows, passes=1,

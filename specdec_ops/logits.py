@@ -864,16 +864,20 @@ _FUSED_MAXNREG = 104
 
 
 def _launch_fused_chain(target, ids, lengths, q, has_q, temperature, seeds, offsets, batch, max_draft, packed,
-                        bonus_rows, bonus, has_bonus, block, chunk, chunks, group, token_ids, num_accepted):
+                        bonus_rows, bonus, has_bonus, block, chunk, chunks, race_chunk, race_chunks, group, token_ids,
+                        num_accepted):
     """chain_fused_kernel: the whole chain verification in one launch (rows without filters, no logprobs, no
-    synthetic rates). Grid: B x (K+1) x chunks chunk programs, then B x races request programs; bfloat16 rows
-    are read as 32-bit pairs where the vocabulary is even and the logits 4-byte aligned (PAIRS). Workspaces:
-    the chunks' partials and bonus-race winners, the request programs' race winners, and one zeroed int32
-    counter tensor (the places, each request's arrivals, each request's race tickets)."""
+    synthetic rates). Grid: B x (K+1) x chunks chunk programs (chunks of `chunk` entries), then B x races
+    request programs (races = ceil(race_chunks / group): after a rejection each races `group` chunks of
+    `race_chunk` entries of the row); bfloat16 rows are read as 32-bit pairs where the vocabulary is even and
+    the logits 4-byte aligned (PAIRS), the bonus race over quads where the vocabulary is a multiple of 4 and
+    the logits 8-byte aligned (QUADS). Workspaces: the chunks' partials and bonus-race winners, the request
+    programs' race winners, and one zeroed int32 counter tensor (the places, each request's arrivals, each
+    request's race tickets)."""
     from .triton_kernels.logits import chain_fused_kernel
 
     rows = batch * (max_draft + 1)
-    races = -(-chunks // group)
+    races = -(-race_chunks // group)
     new = target.new_empty
     counters = torch.zeros((1 + 2 * batch,), dtype=torch.int32, device=target.device)
     chain_fused_kernel[(rows * chunks + batch * races,)](
@@ -885,7 +889,8 @@ def _launch_fused_chain(target, ids, lengths, q, has_q, temperature, seeds, offs
         target.shape[-1], max_draft, ids.numel(), int(bonus_rows), batch,
         PACKED=packed, HAS_DRAFT_PROBS=has_q, HAS_T=temperature is not None, HAS_BONUS=has_bonus, CHUNKS=chunks,
         CHUNKS_P2=next_pow2(chunks), CHUNK=chunk, PART_BLOCK=_partials_block(chunk), RACE_BLOCK=block, BLOCK=block,
-        BLOCK_K=next_pow2(max_draft + 1), RACE_GROUP=group,
+        BLOCK_K=next_pow2(max_draft + 1), RACE_GROUP=group, RACE_CHUNKS=race_chunks,
+        RACE_CHUNKS_P2=next_pow2(race_chunks), RACE_CHUNK=race_chunk,
         PAIRS=target.dtype == torch.bfloat16 and target.shape[-1] % 2 == 0 and target.data_ptr() % 4 == 0,
         QUADS=target.dtype == torch.bfloat16 and target.shape[-1] % 4 == 0 and target.data_ptr() % 8 == 0,
         num_warps=4, maxnreg=_FUSED_MAXNREG)
@@ -893,12 +898,14 @@ def _launch_fused_chain(target, ids, lengths, q, has_q, temperature, seeds, offs
 
 def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, seeds, offsets, return_logprobs,
                   batch, max_draft, packed, bonus_rows, bonus_token_ids, rates, chunk=None, block=None,
-                  radix_block=None, race_group=None, early_bonus_token=True, stats=None, fused=True):
+                  radix_block=None, race_group=None, early_bonus_token=True, stats=None, fused=True, race_chunk=None):
     """The Triton chain kernels, every row split over chunks of `chunk` entries (tiles of `block`; the radix
     histograms' of `radix_block`). Without filter tensors, logprobs or synthetic rates (and `fused`): one launch
-    of chain_fused_kernel. Else _split_rows, then chain_walk_race_kernel (its race over `race_group` chunks a
-    program: chain_race_group on a GPU, 1 off it, by default). `early_bonus_token` (where it applies:
-    _split_rows): top-p's early bonus token; `stats`, a dict, receives its workspaces (tests)."""
+    of chain_fused_kernel (its chunks by default fused_chunk's; the race after a rejection over chunks of
+    `race_chunk` entries, by default at most SPLIT_CHUNK). Else _split_rows, then chain_walk_race_kernel (its
+    race over `race_group` chunks a program: chain_race_group on a GPU, 1 off it, by default).
+    `early_bonus_token` (where it applies: _split_rows): top-p's early bonus token; `stats`, a dict, receives
+    its workspaces (tests)."""
     from .triton_kernels.logits import chain_walk_race_kernel
 
     token_ids = target_logits.new_empty((batch, max_draft + 1), dtype=torch.int64)
@@ -919,12 +926,16 @@ def _launch_chain(target_logits, draft_token_ids, lengths, draft_probs, params, 
     fuse = fused and not return_logprobs and rates is None and all(p is None for p in params[1:])
     block, radix_block, chunk, chunks = _split_sizes(vocab, chunk or (fused_chunk(batch, vocab) if fuse else None),
                                                      block, radix_block)
-    group = race_group or (chain_race_group(batch, chunks, num_sms(target.device)) if target.device.type == "cuda"
-                           else 1)
+    # the race after the walk: over chunks of at most SPLIT_CHUNK entries (the fused kernel's partials may
+    # take longer chunks), RACE_GROUP of them a program
+    race_chunk = (race_chunk or min(chunk, SPLIT_CHUNK)) if fuse else chunk
+    race_chunks = -(-vocab // race_chunk)
+    group = race_group or (chain_race_group(batch, race_chunks, num_sms(target.device))
+                           if target.device.type == "cuda" else 1)
     if fuse:
         _launch_fused_chain(target, ids, lengths, q, draft_probs is not None, params[0], seeds, offsets, batch,
                             max_draft, packed, bonus_rows, bonus, bonus_token_ids is not None, block, chunk, chunks,
-                            group, token_ids, num_accepted)
+                            race_chunk, race_chunks, group, token_ids, num_accepted)
         return token_ids, num_accepted, logprobs
     early_bonus = dict(batch=batch, race_group=group, block=block, token_ids=token_ids, num_accepted=num_accepted,
                        stats=stats) if early_bonus_token else None

@@ -99,8 +99,9 @@ for logits, pairs, quads, has_t, has_q, packed, has_bonus, chunk in (
     check(compile_kernel(chain_fused_kernel, dict(fused, logits_ptr=logits, draft_probs_ptr=logits),
                          dict(PACKED=packed, HAS_DRAFT_PROBS=has_q, HAS_T=has_t, HAS_BONUS=has_bonus, CHUNKS=chunks,
                               CHUNKS_P2=1 << (chunks - 1).bit_length(), CHUNK=chunk, PART_BLOCK=4096,
-                              RACE_BLOCK=1024, BLOCK=1024, BLOCK_K=8, RACE_GROUP=2 if chunks > 4 else 1, PAIRS=pairs,
-                              QUADS=quads, vocab=128256), num_warps=4, maxnreg=104),
+                              RACE_BLOCK=1024, BLOCK=1024, BLOCK_K=8, RACE_GROUP=2, RACE_CHUNKS=16,
+                              RACE_CHUNKS_P2=16, RACE_CHUNK=8192, PAIRS=pairs, QUADS=quads, vocab=128256),
+                         num_warps=4, maxnreg=104),
           f"chain_fused_kernel {logits} QUADS={quads} HAS_T={has_t} HAS_DRAFT_PROBS={has_q} PACKED={packed} "
           f"HAS_BONUS={has_bonus} CHUNK={chunk}")
 print("compiled")

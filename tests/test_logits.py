@@ -1651,7 +1651,8 @@ def test_triton_fused_chain_equals_the_split_pair_and_the_cpu_op(dtype, vocab):
     out-of-vocabulary draft, rows without a finite logit, NaN and inf, a residual without mass) in the logits'
     dtype; bfloat16 with an even vocabulary reads pairs of entries as 32-bit words (bf16_pairs), and its bonus
     race, with a vocabulary of a multiple of 4, quads as 64-bit words (bf16_quads, the random bits of a quad in
-    its thread); with an odd one entry by entry. Chunks of 48 (3 tiles: the running max rises across tiles)."""
+    its thread); with an odd one entry by entry. Chunks of 48 (3 tiles: the running max rises across tiles);
+    then chunks of 96 with the race after a rejection over chunks of 48, one or two a program."""
     logits, drafts, num, temperature, q, seeds = _split_cases()
     logits = torch.cat([logits, logits[..., :1] - 1.0], -1)[..., :vocab].to(dtype)
     drafts = drafts.clamp(max=vocab + 7)
@@ -1664,6 +1665,12 @@ def test_triton_fused_chain_equals_the_split_pair_and_the_cpu_op(dtype, vocab):
             fused = _fused_call(logits, drafts, num, dp, temperature, seeds, offsets)
             split = _fused_call(logits, drafts, num, dp, temperature, seeds, offsets, fused=False)
             assert torch.equal(fused[0], split[0]) and torch.equal(fused[1], split[1]), (offset, fused, split)
+            # partials over chunks of 96 (2 of the rejection race's 48: as fused_chunk's long chunks race after a
+            # rejection over chunks of SPLIT_CHUNK), the race group 2 or 1
+            for group in (1, 2):
+                longer = _fused_call(logits, drafts, num, dp, temperature, seeds, offsets, chunk=96, race_chunk=48,
+                                     race_group=group)
+                assert torch.equal(longer[0], fused[0]) and torch.equal(longer[1], fused[1]), (offset, group)
             assert torch.equal(fused[0], ref.token_ids), (offset, dp is None, fused[0], ref.token_ids)
             assert torch.equal(fused[1], ref.num_accepted)
 

@@ -1635,11 +1635,15 @@ def chain_fused_kernel(
     PACKED: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, PART_BLOCK: tl.constexpr,
     RACE_BLOCK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, RACE_GROUP: tl.constexpr,
+    RACE_CHUNKS: tl.constexpr, RACE_CHUNKS_P2: tl.constexpr, RACE_CHUNK: tl.constexpr,
     PAIRS: tl.constexpr = False, QUADS: tl.constexpr = False,
 ):
     """Chain verification of B requests in one launch (see the section's comment): grid B x (K+1) x CHUNKS +
-    B x RACES programs, RACES = ceil(CHUNKS / RACE_GROUP). Outputs as chain_walk_race_kernel's. PAIRS: bfloat16
-    logits read as 32-bit pairs (bf16_pairs: vocab even, rows 4-byte aligned)."""
+    B x RACES programs, RACES = ceil(RACE_CHUNKS / RACE_GROUP): the request programs' race after a rejection
+    runs over chunks of RACE_CHUNK entries (RACE_GROUP of them a program), the partials' chunks are CHUNK.
+    Outputs as chain_walk_race_kernel's. PAIRS: bfloat16 logits read as 32-bit pairs (bf16_pairs: vocab even,
+    rows 4-byte aligned); QUADS: the bonus race over quads (bf16_quads: vocab a multiple of 4, rows 8-byte
+    aligned)."""
     place = tl.atomic_add(counters_ptr, 1, sem="relaxed")
     chunk_programs = batch * (max_draft + 1) * CHUNKS
     if place < chunk_programs:
@@ -1652,8 +1656,8 @@ def chain_fused_kernel(
                               temperature_ptr, part_max_ptr, part_arg_ptr, part_sum_ptr, bonus_score_ptr,
                               bonus_index_ptr, race_score_ptr, race_index_ptr, counters_ptr, token_ids_ptr,
                               num_accepted_ptr, bonus_ptr, place - chunk_programs, vocab, max_draft, num_draft_rows,
-                              bonus_rows, batch, PACKED, HAS_DRAFT_PROBS, HAS_T, HAS_BONUS, CHUNKS, CHUNKS_P2, CHUNK,
-                              BLOCK, BLOCK_K, RACE_GROUP)
+                              bonus_rows, batch, PACKED, HAS_DRAFT_PROBS, HAS_T, HAS_BONUS, CHUNKS, CHUNKS_P2,
+                              BLOCK, BLOCK_K, RACE_GROUP, RACE_CHUNKS, RACE_CHUNKS_P2, RACE_CHUNK)
 
 
 @triton.jit
@@ -1728,10 +1732,12 @@ def fused_request_program(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_pt
                           race_score_ptr, race_index_ptr, counters_ptr, token_ids_ptr, num_accepted_ptr, bonus_ptr, r,
                           vocab, max_draft, num_draft_rows, bonus_rows, batch, PACKED: tl.constexpr,
                           HAS_DRAFT_PROBS: tl.constexpr, HAS_T: tl.constexpr, HAS_BONUS: tl.constexpr,
-                          CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                          BLOCK_K: tl.constexpr, RACE_GROUP: tl.constexpr):
-    """Request program r of chain_fused_kernel: program c = r % RACES of request b = r // RACES."""
-    races = (CHUNKS + RACE_GROUP - 1) // RACE_GROUP
+                          CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+                          RACE_GROUP: tl.constexpr, RACE_CHUNKS: tl.constexpr, RACE_CHUNKS_P2: tl.constexpr,
+                          RACE_CHUNK: tl.constexpr):
+    """Request program r of chain_fused_kernel: program c = r % RACES of request b = r // RACES (its race's
+    chunks: RACE_GROUP of RACE_CHUNK entries)."""
+    races = (RACE_CHUNKS + RACE_GROUP - 1) // RACE_GROUP
     b = (r // races).to(tl.int64)
     c = (r % races).to(tl.int64)
     n, target_base, draft_base = chain_rows(lengths_ptr, b, max_draft, num_draft_rows, bonus_rows, PACKED)
@@ -1769,7 +1775,7 @@ def fused_request_program(logits_ptr, draft_probs_ptr, draft_ids_ptr, lengths_pt
         writer, final, _ = final_row_race(
             logits_ptr, draft_probs_ptr, race_score_ptr, race_index_ptr, counters_ptr + 1 + batch, b, c, k, n, x_k, m,
             t, tl.zeros([], tl.int64), total, seed, offset, target_base, draft_base, ks.to(tl.float32), ks, vocab,
-            HAS_T, HAS_DRAFT_PROBS, False, CHUNKS, CHUNKS_P2, CHUNK, BLOCK, RACE_GROUP)
+            HAS_T, HAS_DRAFT_PROBS, False, RACE_CHUNKS, RACE_CHUNKS_P2, RACE_CHUNK, BLOCK, RACE_GROUP)
     if writer:
         write_chain_outputs(token_ids_ptr, num_accepted_ptr, token_ids_ptr, bonus_ptr, draft_ids_ptr, b, n, k, final,
                             ks, ks, draft_base, max_draft, vocab, False, HAS_BONUS)
