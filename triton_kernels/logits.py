@@ -1425,6 +1425,32 @@ def exp_reference(m, c, exp2_scale):
 
 
 @triton.jit
+def race_chunk_start(lo):
+    """A chunk race's state before its first tile: (max, reference, sum, first argmax, best score, its index) =
+    (-inf, -inf, 0, lo, -1, lo)."""
+    m = tl.full([], float("-inf"), tl.float32)
+    return m, m, tl.full([], 0.0, tl.float32), tl.zeros([], tl.int32) + lo, tl.full([], -1.0, tl.float32), \
+        tl.zeros([], tl.int32) + lo
+
+
+@triton.jit
+def race_reference_raised(total, best, c, tile_max, exp2_scale):
+    """A chunk race's running sum and best score (both against 2^c, c = m s rounded) moved to the reference of
+    a new, larger max tile_max: (total, best, c') with c' = tile_max s, both times 2^(c - c') (best while a
+    score; -1, no score yet, stays)."""
+    c_new = tile_max * exp2_scale
+    rescale = tl.math.exp2(c - c_new)
+    return total * rescale, tl.where(best > 0, best * rescale, best), c_new
+
+
+@triton.jit
+def race_partials_at_max(total, best, m, c, exp2_scale):
+    """A chunk race's sum and best score against 2^c turned to the chunk's max m (exp_reference)."""
+    to_m = exp_reference(m, c, exp2_scale)
+    return total * to_m, tl.where(best > 0, best * to_m, best)
+
+
+@triton.jit
 def chunk_partials_race(row_ptr, lo, vocab, inv_t, seed, offset, position, HAS_T: tl.constexpr, CHUNK: tl.constexpr,
                         RACE_BLOCK: tl.constexpr):
     """chunk_partials_raw and, in the same pass, the bonus race over the chunk: (m, total, first argmax, score,
@@ -1440,12 +1466,7 @@ def chunk_partials_race(row_ptr, lo, vocab, inv_t, seed, offset, position, HAS_T
     tile's OR; a tile with an entry that may still win (the first always, then about one in t of the t-th)
     scores the tile exactly. Meaningful only where total is not NaN (chunk_partials_raw)."""
     exp2_scale = inv_t * LOG2E
-    m = tl.full([], float("-inf"), tl.float32)
-    c = m
-    total = tl.full([], 0.0, tl.float32)
-    best_index = tl.zeros([], tl.int32) + lo
-    best = tl.full([], -1.0, tl.float32)
-    race_index = tl.zeros([], tl.int32) + lo
+    m, c, total, best_index, best, race_index = race_chunk_start(lo)
     for start in range(0, CHUNK, RACE_BLOCK):
         idx = lo + start + tl.arange(0, RACE_BLOCK)
         inside = idx < vocab
@@ -1455,18 +1476,13 @@ def chunk_partials_race(row_ptr, lo, vocab, inv_t, seed, offset, position, HAS_T
         if tile_max > m:
             if HAS_T:
                 best_index = tl.min(tl.where(x == tile_max, idx, 0x7FFFFFFF), 0)
-            c_new = tile_max * exp2_scale
-            rescale = tl.math.exp2(c - c_new)
-            total = total * rescale
-            if best > 0:
-                best = best * rescale
+            total, best, c = race_reference_raised(total, best, c, tile_max, exp2_scale)
             m = tile_max
-            c = c_new
         e = tl.math.exp2(x * exp2_scale - c)
         total += tl.sum(e, 0)
         best, race_index = race_tile_update(tl.where(inside, e, -1.0), bits, idx, best, race_index, True)
-    to_m = exp_reference(m, c, exp2_scale)
-    return m, total * to_m, best_index, tl.where(best > 0, best * to_m, best), race_index
+    total, best = race_partials_at_max(total, best, m, c, exp2_scale)
+    return m, total, best_index, best, race_index
 
 
 @triton.jit
@@ -1530,12 +1546,7 @@ def chunk_partials_race_quads(row_ptr, lo, vocab, inv_t, seed, offset, position,
     philox_tile's layout costs (a round trip through shared memory and four barriers a tile)."""
     GROUPS: tl.constexpr = RACE_BLOCK // 4
     exp2_scale = inv_t * LOG2E
-    m = tl.full([], float("-inf"), tl.float32)
-    c = m
-    total = tl.full([], 0.0, tl.float32)
-    best_index = tl.zeros([], tl.int32) + lo
-    best = tl.full([], -1.0, tl.float32)
-    race_index = tl.zeros([], tl.int32) + lo
+    m, c, total, best_index, best, race_index = race_chunk_start(lo)
     for start in range(0, CHUNK, RACE_BLOCK):
         x0, x1, x2, x3, i0, inside = bf16_quads(row_ptr, lo + start, vocab, GROUPS)
         r0, r1, r2, r3 = philox_groups(seed, offset, position, PURPOSE_BONUS, i0 // 4)
@@ -1543,21 +1554,16 @@ def chunk_partials_race_quads(row_ptr, lo, vocab, inv_t, seed, offset, position,
         if tile_max > m:
             if HAS_T:
                 best_index = first_of_quads(x0 == tile_max, x1 == tile_max, x2 == tile_max, x3 == tile_max, i0)
-            c_new = tile_max * exp2_scale
-            rescale = tl.math.exp2(c - c_new)
-            total = total * rescale
-            if best > 0:
-                best = best * rescale
+            total, best, c = race_reference_raised(total, best, c, tile_max, exp2_scale)
             m = tile_max
-            c = c_new
         e0 = tl.math.exp2(x0 * exp2_scale - c)
         e1 = tl.math.exp2(x1 * exp2_scale - c)
         e2 = tl.math.exp2(x2 * exp2_scale - c)
         e3 = tl.math.exp2(x3 * exp2_scale - c)
         total += tl.sum((e0 + e1) + (e2 + e3), 0)
         best, race_index = race_quads_update(e0, e1, e2, e3, r0, r1, r2, r3, i0, inside, best, race_index)
-    to_m = exp_reference(m, c, exp2_scale)
-    return m, total * to_m, best_index, tl.where(best > 0, best * to_m, best), race_index
+    total, best = race_partials_at_max(total, best, m, c, exp2_scale)
+    return m, total, best_index, best, race_index
 
 
 @triton.jit
