@@ -1666,8 +1666,8 @@ def test_triton_fused_chain_equals_the_split_pair_and_the_cpu_op(dtype, vocab):
             split = _fused_call(logits, drafts, num, dp, temperature, seeds, offsets, fused=False)
             assert torch.equal(fused[0], split[0]) and torch.equal(fused[1], split[1]), (offset, fused, split)
             # partials over chunks of 96 (2 of the rejection race's 48: as fused_chunk's long chunks race after a
-            # rejection over chunks of SPLIT_CHUNK), the race group 2 or 1
-            for group in (1, 2):
+            # rejection over chunks of SPLIT_CHUNK), the race group 2 or 1 (one offset: the interpreter's time)
+            for group in (1, 2) if offset == 0 else ():
                 longer = _fused_call(logits, drafts, num, dp, temperature, seeds, offsets, chunk=96, race_chunk=48,
                                      race_group=group)
                 assert torch.equal(longer[0], fused[0]) and torch.equal(longer[1], fused[1]), (offset, group)
