@@ -899,6 +899,32 @@ def test_split_race_skips_no_possible_winner(parts):
     assert_same(split_call(args, parts, block=4), want)
 
 
+@needs_triton
+@pytest.mark.parametrize("parts, block", [(1, 4), (3, 16)])
+def test_split_one_hot_residual_drops_the_rejected_draft_in_its_tile(parts, block):
+    # A rejected one-hot draft x leaves max(p - q, 0) = 0 at x and p elsewhere: only the tile holding x changes
+    # (_race_tile), so x at a tile's first or last entry, in the row's partial last tile (vocab 101), or in a
+    # part's first tile must still be dropped there and nowhere else. x holds 0.6 of the mass: without the
+    # change there it would win most races. The rows after the rejection are never read (bonus row zero).
+    vocab = SPLIT_VOCAB + 1
+    spots = [0, 3, 4, block - 1, block, 2 * block, 33, 34, 47, 48, 64, 95, 96, 99, 100]
+    batch = 3 * len(spots)
+    p = torch.zeros(batch, 2, vocab)
+    ids = torch.zeros(batch, 1, dtype=torch.int64)
+    for b in range(batch):
+        x = spots[b % len(spots)]
+        p[b, 0] = 0.4 / (vocab - 1)
+        p[b, 0, x] = 0.6
+        ids[b, 0] = x
+    args = dict(target_probs=p, draft_token_ids=ids, num_draft_tokens=torch.ones(batch, dtype=torch.int64),
+                draft_probs=None, seeds=torch.arange(batch) * 31 + 11, offsets=torch.zeros(batch, dtype=torch.int64))
+    want = call(args, "cpu")
+    rejected = want.num_accepted == 0
+    assert rejected.sum() >= 10 and len({spots[b % len(spots)] for b in rejected.nonzero().flatten().tolist()}) >= 8
+    assert (want.token_ids[rejected, 0] != ids[rejected, 0]).all()
+    assert_same(split_call(args, parts, block=block), want)
+
+
 def _peaked(batch, k, peaks):
     """p one-hot (mass 1) at peaks[b][row]: every race and argmax has one possible winner."""
     p = torch.zeros(batch, k + 1, SPLIT_VOCAB)

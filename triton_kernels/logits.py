@@ -24,7 +24,8 @@ import triton.language as tl
 from .philox import (PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_groups,
                      philox_tile,
                      uniform_mantissa)
-from .rejection import prob_mass, race_cut, race_skips_probs, race_tile_fold, race_tile_update
+from .rejection import (first_of_quads, prob_mass, race_cut, race_quads_update, race_skips_probs, race_tile_fold,
+                        race_tile_update)
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -1501,40 +1502,6 @@ def bf16_quads(row_ptr, lo, vocab, GROUPS: tl.constexpr):
     high = (words >> 32).to(tl.int32)
     return ((low << 16).to(tl.float32, bitcast=True), (low & -65536).to(tl.float32, bitcast=True),
             (high << 16).to(tl.float32, bitcast=True), (high & -65536).to(tl.float32, bitcast=True), 4 * g, inside)
-
-
-@triton.jit
-def first_of_quads(h0, h1, h2, h3, i0):
-    """The smallest index i0[g] + i over the quads' entries where h_i holds (0x7FFFFFFF for none)."""
-    return tl.min(tl.where(h0, i0, tl.where(h1, i0 + 1, tl.where(h2, i0 + 2, tl.where(h3, i0 + 3, 0x7FFFFFFF)))), 0)
-
-
-@triton.jit
-def quad_score(e, bits, inside):
-    """An entry's race score e / -log(u), rounded as race_tile_fold's (-1 past the row)."""
-    return tl.where(inside, tl.math.div_rn(e, -tl.log(bits_to_uniform(bits))), -1.0)
-
-
-@triton.jit
-def race_quads_update(e0, e1, e2, e3, r0, r1, r2, r3, i0, inside, best, best_index):
-    """race_tile_update (noisy) over a tile held as quads (e_i the masses, r_i the random bits of entries i0 + i):
-    the skip test per entry, one tile-wide OR; a tile with an entry that may still win scores every entry of
-    the row: an entry the test skips scores below the best so far (race_cut), so the tile's largest score
-    beats the best exactly when race_tile_fold's would, at the same entry."""
-    cut_a, cut_c = race_cut(best, 1.0)
-    skip = (race_skips_probs(e0, r0, cut_a, cut_c) & race_skips_probs(e1, r1, cut_a, cut_c)
-            & race_skips_probs(e2, r2, cut_a, cut_c) & race_skips_probs(e3, r3, cut_a, cut_c))
-    if tl.max(tl.where(skip, 0, tl.where(inside, 1, 0)), 0) != 0:
-        s0 = quad_score(e0, r0, inside)
-        s1 = quad_score(e1, r1, inside)
-        s2 = quad_score(e2, r2, inside)
-        s3 = quad_score(e3, r3, inside)
-        top = tl.max(tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3)), 0)
-        top_index = first_of_quads(s0 == top, s1 == top, s2 == top, s3 == top, i0)
-        if top > best:
-            best = top
-            best_index = top_index
-    return best, best_index
 
 
 @triton.jit

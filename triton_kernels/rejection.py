@@ -20,9 +20,9 @@ the race over p over the whole row (rare). No program waits for another (the
 interpreter runs programs one after another). Argmaxes keep per-lane running
 bests (one tile-wide reduction per slice); races keep one running best across
 tiles, so that a tile none of whose entries can still win costs a skip test per
-entry and no log (race_tile_update); one Philox block serves 4 consecutive
-entries (philox_tile). `vocab` is specialized (divisible by 16:
-aligned rows, vectorized loads).
+entry and no log (race_quads_update); one Philox block serves 4 consecutive
+entries, held with their masses by one thread (quad_masses, philox_groups).
+`vocab` is specialized (divisible by 16: aligned rows, vectorized loads).
 
 Engine keywords (issue #14), each a constexpr so that a launch without them compiles
 to the same code: HAS_BONUS_IDS (a fully accepted request emits its given id, clamped
@@ -34,7 +34,7 @@ take the argmax of the one row they need).
 import triton
 import triton.language as tl
 
-from .philox import (PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_tile,
+from .philox import (PURPOSE_ACCEPT, PURPOSE_BONUS, PURPOSE_RESIDUAL, bits_to_uniform, philox_bits, philox_groups,
                      uniform_mantissa)
 
 
@@ -173,18 +173,83 @@ def race_tile_fold(mass, u, idx, may_win, best, best_index, noisy):
 
 
 @triton.jit
+def first_of_quads(h0, h1, h2, h3, i0):
+    """The smallest index i0[g] + i over the quads' entries where h_i holds (0x7FFFFFFF for none)."""
+    return tl.min(tl.where(h0, i0, tl.where(h1, i0 + 1, tl.where(h2, i0 + 2, tl.where(h3, i0 + 3, 0x7FFFFFFF)))), 0)
+
+
+@triton.jit
+def quad_score(e, bits, inside):
+    """An entry's race score e / -log(u), rounded as race_tile_fold's (-1 past the row)."""
+    return tl.where(inside, tl.math.div_rn(e, -tl.log(bits_to_uniform(bits))), -1.0)
+
+
+@triton.jit
+def race_quads_update(e0, e1, e2, e3, r0, r1, r2, r3, i0, inside, best, best_index):
+    """race_tile_update (noisy) over a tile held as quads (e_i the masses, r_i the random bits of entries i0 + i):
+    the skip test per entry, one tile-wide OR; a tile with an entry that may still win scores every entry of
+    the row: an entry the test skips scores below the best so far (race_cut), so the tile's largest score
+    beats the best exactly when race_tile_fold's would, at the same entry."""
+    cut_a, cut_c = race_cut(best, 1.0)
+    skip = (race_skips_probs(e0, r0, cut_a, cut_c) & race_skips_probs(e1, r1, cut_a, cut_c)
+            & race_skips_probs(e2, r2, cut_a, cut_c) & race_skips_probs(e3, r3, cut_a, cut_c))
+    if tl.max(tl.where(skip, 0, tl.where(inside, 1, 0)), 0) != 0:
+        s0 = quad_score(e0, r0, inside)
+        s1 = quad_score(e1, r1, inside)
+        s2 = quad_score(e2, r2, inside)
+        s3 = quad_score(e3, r3, inside)
+        top = tl.max(tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3)), 0)
+        top_index = first_of_quads(s0 == top, s1 == top, s2 == top, s3 == top, i0)
+        if top > best:
+            best = top
+            best_index = top_index
+    return best, best_index
+
+
+@triton.jit
+def quad_masses(row_ptr, i0, end):
+    """prob_mass of the entries i0 + 0 .. i0 + 3 of a row (i0 an int32 tensor of multiples of 4; entries at or past
+    `end` load 0): four [G] tensors in the layout of i0, the one Philox's blocks take (philox_groups over
+    i0 // 4), so that a quad's masses and random bits meet in one thread. Four 4-byte loads a quad (a warp's
+    load touches the same lines as its neighbours': one HBM read), against philox_tile's exchange of the bits
+    between threads (a round trip through shared memory and barriers a tile)."""
+    m0 = prob_mass(tl.load(row_ptr + i0, mask=i0 < end, other=0.0).to(tl.float32))
+    m1 = prob_mass(tl.load(row_ptr + (i0 + 1), mask=i0 + 1 < end, other=0.0).to(tl.float32))
+    m2 = prob_mass(tl.load(row_ptr + (i0 + 2), mask=i0 + 2 < end, other=0.0).to(tl.float32))
+    m3 = prob_mass(tl.load(row_ptr + (i0 + 3), mask=i0 + 3 < end, other=0.0).to(tl.float32))
+    return m0, m1, m2, m3
+
+
+@triton.jit
+def one_hot_residual(m, i, q_at):
+    """Race masses m of entries i with a one-hot draft at q_at removed: max(m - 1, 0) there, m elsewhere."""
+    return tl.where(i == q_at, prob_mass(m - 1.0), m)
+
+
+@triton.jit
 def _race_tile(p_row_ptr, q_row_ptr, q_end, q_at, start, best, best_index, vocab, seed, offset, position, purpose,
                HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
-    idx = start + tl.arange(0, BLOCK)
-    mass = prob_mass(tl.load(p_row_ptr + idx, mask=idx < vocab, other=0.0).to(tl.float32))
+    """One tile [start, start + BLOCK) of race_pass as quads (quad_masses, philox_groups, race_quads_update).
+    Without draft probs the one-hot q changes one entry of the row: only a tile holding it pays the select."""
+    g = start // 4 + tl.arange(0, BLOCK // 4)
+    i0 = 4 * g
+    m0, m1, m2, m3 = quad_masses(p_row_ptr, i0, vocab)
     if HAS_Q:
         # Masks from one comparison: a block & a scalar bool is no mask in triton 3.9's interpreter.
-        q = prob_mass(tl.load(q_row_ptr + idx, mask=idx < q_end, other=0.0).to(tl.float32))
-    else:
-        q = tl.where(idx == q_at, 1.0, 0.0)
-    diff = mass - q
-    bits = philox_tile(seed, offset, position, purpose, start, BLOCK)
-    return race_tile_update(prob_mass(diff), bits, idx, best, best_index, True)
+        q0, q1, q2, q3 = quad_masses(q_row_ptr, i0, q_end)
+        m0 = prob_mass(m0 - q0)
+        m1 = prob_mass(m1 - q1)
+        m2 = prob_mass(m2 - q2)
+        m3 = prob_mass(m3 - q3)
+    elif (q_at >= start) & (q_at < start + BLOCK):
+        m0 = one_hot_residual(m0, i0, q_at)
+        m1 = one_hot_residual(m1, i0 + 1, q_at)
+        m2 = one_hot_residual(m2, i0 + 2, q_at)
+        m3 = one_hot_residual(m3, i0 + 3, q_at)
+    r0, r1, r2, r3 = philox_groups(seed, offset, position, purpose, g)
+    # a quad past the row stays out (score -1); one across its end scores its outside entries 0 (mass 0), never
+    # the first index of a tile's top: its in-row entries precede them
+    return race_quads_update(m0, m1, m2, m3, r0, r1, r2, r3, i0, i0 < vocab, best, best_index)
 
 
 @triton.jit
@@ -194,7 +259,7 @@ def race_pass(p_row_ptr, q_row_ptr, draft, use_q, lo, hi, vocab, seed, offset, p
     entries [lo, hi) of the row (lo a multiple of BLOCK): (best score, first index of it), (-1, 0) for an
     empty slice. Scores mass / noise, rounded to nearest as the C++ and CUDA kernels; 0 without mass
     (0 / noise); entries past the row load 0 and never win (the slice's first entry scores at least 0 with
-    a smaller index). The noise of entry i is keyed by i alone (philox_tile at the global `start`), so any
+    a smaller index). The noise of entry i is keyed by i alone (philox_groups over the global quads), so any
     slicing gives every entry its score. Entries that provably cannot beat the race so far skip the log and
     the division (race_tile_update)."""
     best = tl.full([], -1.0, tl.float32)

@@ -61,6 +61,14 @@ def residual_step(r, z, q):
 
 
 @triton.jit
+def first_residual(p, q):
+    """r_1 = max(mass(p) - mass(q), 0): residual_step(mass(p), Z_0 = 1, q) without its correctly rounded division
+    (x / 1 is x exactly), which costs a call's worth of instructions per entry in a hot loop."""
+    d = prob_mass(p) - prob_mass(q)
+    return tl.where(d > 0, d, 0.0)
+
+
+@triton.jit
 def tree_residual(p, q, z_ptr, m):
     """r_m: the entry after m committed updates with normalizers z_ptr[0 .. m-1] (Z_0 = 1)."""
     r = prob_mass(p)
@@ -152,7 +160,6 @@ def split_sum_race(p_row_ptr, q_row_ptr, q_end, kids_ptr, num_kids, lane_sums_pt
     mass 0 (the same scores: philox_bits gives philox_tile's words). A lane's best is its largest score, first
     index on ties, however its entries are visited, so the merge is the race over the lanes with exclusions."""
     LANES: tl.constexpr = VBLOCK // PARTS
-    one = tl.full([], 1.0, tl.float32)
     top = tl.full([], -1.0, tl.float32)
     index = tl.zeros([], tl.int32)
     count = tl.zeros([], tl.int64)
@@ -175,7 +182,7 @@ def split_sum_race(p_row_ptr, q_row_ptr, q_end, kids_ptr, num_kids, lane_sums_pt
                 p = tl.load(p_row_ptr + idx, mask=idx < vocab, other=0.0).to(tl.float32)
                 if HAS_Q:
                     q = tl.load(q_row_ptr + idx, mask=idx < q_end, other=0.0).to(tl.float32)
-                    mass = residual_step(prob_mass(p), one, q)
+                    mass = first_residual(p, q)
                 else:
                     mass = prob_mass(p)
                     counts += (mass > 0).to(tl.int32)
