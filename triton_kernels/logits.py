@@ -1405,10 +1405,8 @@ def chunk_partials_raw(row_ptr, lo, vocab, inv_t, HAS_T: tl.constexpr, PAIRS: tl
                     best_index = tl.min(tl.where(xe == tile_max, ie, tl.where(xo == tile_max, ie + 1, 0x7FFFFFFF)), 0)
                 else:
                     best_index = tl.min(tl.where(x == tile_max, idx, 0x7FFFFFFF), 0)
-            c_new = tile_max * exp2_scale
-            total = total * tl.math.exp2(c - c_new)
+            total, c, _ = sum_reference_raised(total, c, tile_max, exp2_scale)
             m = tile_max
-            c = c_new
         if PAIRS:
             total += tl.sum(tl.math.exp2(xe * exp2_scale - c) + tl.math.exp2(xo * exp2_scale - c), 0)
         else:
@@ -1435,13 +1433,20 @@ def race_chunk_start(lo):
 
 
 @triton.jit
-def race_reference_raised(total, best, c, tile_max, exp2_scale):
-    """A chunk race's running sum and best score (both against 2^c, c = m s rounded) moved to the reference of
-    a new, larger max tile_max: (total, best, c') with c' = tile_max s, both times 2^(c - c') (best while a
-    score; -1, no score yet, stays)."""
+def sum_reference_raised(total, c, tile_max, exp2_scale):
+    """A running sum of 2^(x s - c) (c = m s rounded) moved to the reference of a new, larger max tile_max:
+    (total 2^(c - c'), c', 2^(c - c')) with c' = tile_max s."""
     c_new = tile_max * exp2_scale
     rescale = tl.math.exp2(c - c_new)
-    return total * rescale, tl.where(best > 0, best * rescale, best), c_new
+    return total * rescale, c_new, rescale
+
+
+@triton.jit
+def race_reference_raised(total, best, c, tile_max, exp2_scale):
+    """sum_reference_raised for a chunk race's running sum and best score (both against 2^c): (total, best, c'),
+    best times the same 2^(c - c') while a score (-1, no score yet, stays)."""
+    total, c_new, rescale = sum_reference_raised(total, c, tile_max, exp2_scale)
+    return total, tl.where(best > 0, best * rescale, best), c_new
 
 
 @triton.jit
