@@ -320,7 +320,7 @@ _TRITON_MAX_PARTS = 256  # merge width bound (PARTS_BLOCK)
 
 
 def _triton_block(vocab: int) -> int:
-    """Vocab tile of rejection_sample_kernel: a multiple of 4 (philox_tile)."""
+    """Vocab tile of rejection_sample_kernel: a multiple of 4 (its race holds whole Philox quads: quad_masses)."""
     return max(4, min(next_pow2(vocab), 8192 if triton_interpreting() else 1024))
 
 
